@@ -46,7 +46,9 @@ class JobQuerySet(models.QuerySet["Job"]):
 class Job(models.Model):
     """A training job: what to run, on what hardware, and how much interruption to accept."""
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
     project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="jobs")
     name = models.CharField(max_length=200, blank=True)
     workload = models.JSONField(help_text='{"template", "params"} or {"command", "mode"}')
@@ -62,9 +64,14 @@ class Job(models.Model):
     checkpoint_every_steps = models.PositiveIntegerField(null=True, blank=True)
     checkpoint_every_seconds = models.PositiveIntegerField(null=True, blank=True)
 
-    tolerance = models.CharField(max_length=16, choices=Tolerance.choices, default=Tolerance.BALANCED)
+    tolerance = models.CharField(
+        max_length=16, choices=Tolerance.choices, default=Tolerance.BALANCED
+    )
     max_price_per_hour = models.DecimalField(
-        max_digits=10, decimal_places=4, null=True, blank=True,
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
         help_text="Cap on the price of the whole job (all nodes) per hour.",
     )
     deadline = models.DateTimeField(null=True, blank=True)
@@ -84,7 +91,9 @@ class Job(models.Model):
     interruptions = models.PositiveIntegerField(default=0)
     cost_so_far = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
     on_demand_cost_so_far = models.DecimalField(
-        max_digits=12, decimal_places=4, default=Decimal("0"),
+        max_digits=12,
+        decimal_places=4,
+        default=Decimal("0"),
         help_text="What the same hours would have cost on on-demand capacity.",
     )
     estimate = models.JSONField(null=True, blank=True)

@@ -79,12 +79,15 @@ class CompatibilityRule(models.Model):
     target = models.ForeignKey(Accelerator, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=20, choices=RuleKind.choices)
     target_count = models.PositiveSmallIntegerField(
-        default=1, help_text="Cards of the target per source card: 1, or at least 2 for model parallel."
+        default=1,
+        help_text="Cards of the target per source card: 1, or at least 2 for model parallel.",
     )
     operator_compatibility = models.TextField(
         blank=True, help_text="Which operators are known to behave the same on the target."
     )
-    memory_mapping = models.TextField(blank=True, help_text="How the model's memory maps onto the target.")
+    memory_mapping = models.TextField(
+        blank=True, help_text="How the model's memory maps onto the target."
+    )
     communication_adaptation = models.TextField(
         blank=True, help_text="Changes to the communication library (e.g. NCCL settings)."
     )
@@ -94,10 +97,14 @@ class CompatibilityRule(models.Model):
         ordering = ["source__name", "target__name", "target_count"]
         constraints = [
             models.UniqueConstraint(
-                fields=["source", "target", "target_count"], name="unique_compatibility_rule"
+                fields=["source", "target", "target_count"],
+                name="unique_compatibility_rule",
+                violation_error_message="This rule already exists in the matrix.",
             ),
             models.CheckConstraint(
-                condition=~models.Q(source=models.F("target")), name="rule_not_to_itself"
+                condition=~models.Q(source=models.F("target")),
+                name="rule_not_to_itself",
+                violation_error_message="A card needs no rule to run on itself.",
             ),
         ]
 
@@ -143,8 +150,14 @@ class CompatibilityRule(models.Model):
 class CapacityPoolQuerySet(models.QuerySet["CapacityPool"]):
     def with_free(self) -> CapacityPoolQuerySet:
         """Annotate `free`: capacity minus instances holding a slot (one query for any list)."""
-        active = models.Count("instances", filter=models.Q(instances__state__in=ACTIVE_INSTANCE_STATES))
-        return self.annotate(used=active).annotate(free=models.F("capacity") - models.F("used"))
+        active = models.Count(
+            "instances", filter=models.Q(instances__state__in=ACTIVE_INSTANCE_STATES)
+        )
+        annotated = self.annotate(used=active).annotate(
+            free=models.F("capacity") - models.F("used")
+        )
+        # Meta.ordering is dropped from GROUP BY queries: say it again.
+        return annotated.order_by(*CapacityPool._meta.ordering)
 
 
 class CapacityPool(models.Model):
@@ -222,6 +235,9 @@ class InterruptionEvent(models.Model):
     class Meta:
         ordering = ["received_at", "id"]
 
+    def __str__(self) -> str:
+        return f"{self.level} notice for instance {self.instance_id}"
+
 
 class Migration(models.Model):
     """One move of a job (a whole gang) from one pool to another."""
@@ -248,6 +264,9 @@ class Migration(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"migration {self.pk} of job {self.job_id} ({self.phase})"
 
 
 class TimelineEvent(models.Model):
@@ -280,7 +299,11 @@ class Checkpoint(models.Model):
     )
     manifest_key = models.CharField(max_length=512)
     region = models.ForeignKey(
-        Region, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        Region,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
         help_text="Where it was first written.",
     )
     bytes_total = models.PositiveBigIntegerField(default=0)
@@ -293,6 +316,9 @@ class Checkpoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "manifest_key"], name="unique_checkpoint")
         ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step} ({self.kind}, {self.status})"
 
 
 class CheckpointReplica(models.Model):
@@ -312,6 +338,9 @@ class CheckpointReplica(models.Model):
             models.UniqueConstraint(fields=["checkpoint", "region"], name="unique_replica")
         ]
 
+    def __str__(self) -> str:
+        return f"{self.checkpoint} in {self.region_id} ({self.status})"
+
 
 class LogLine(models.Model):
     """A line the workload printed, forwarded by the agent of one rank."""
@@ -327,3 +356,6 @@ class LogLine(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["job", "id"]), models.Index(fields=["job", "rank", "id"])]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} rank {self.rank}: {self.line[:60]}"

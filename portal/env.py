@@ -68,5 +68,7 @@ def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     raw = os.environ.get(name) or default
     scheme = raw.split("://", 1)[0] if "://" in raw else ""
     if scheme not in schemes:
-        raise ConfigError(f"{name}={raw!r} must start with one of: {', '.join(s + '://' for s in schemes)}")
+        raise ConfigError(
+            f"{name}={raw!r} must start with one of: {', '.join(s + '://' for s in schemes)}"
+        )
     return raw

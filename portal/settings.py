@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "portal",
     "jobs",
@@ -170,7 +171,7 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_BEAT_SCHEDULE = {
     "retry-waiting-jobs": {
-        "task": "jobs.tasks.retry_waiting_jobs_task",
+        "task": "migration.tasks.retry_waiting_jobs_task",
         "schedule": env_float("BATON_WAITING_RETRY_SECONDS", 10.0, minimum=1.0),
     },
 }
@@ -187,12 +188,17 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "COERCE_DECIMAL_TO_STRING": False,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Baton API",
     "DESCRIPTION": "Submit training jobs to spot GPUs and watch them survive interruptions.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from the sidecar package: served locally, no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Baton ------------------------------------------------------------------------------------

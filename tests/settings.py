@@ -26,8 +26,8 @@ if not os.environ.get("BATON_TEST_REDIS_URL"):
 os.environ["REDIS_URL"] = os.environ["BATON_TEST_REDIS_URL"]
 os.environ.setdefault("BATON_CHANNEL_PREFIX", "baton-test")
 
-from portal.settings import *  # noqa: E402,F403
-from portal.settings import BATON_HOME, DATABASES  # noqa: E402
+from portal.settings import *  # noqa: F403
+from portal.settings import BATON_HOME, DATABASES
 
 # A file, not :memory:, so Celery worker processes started by the tests see the same data.
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):

@@ -1,0 +1,162 @@
+"""Admin for capacity: regions, accelerators with their compatibility rules inline, pools,
+and read-mostly views of instances, migrations, checkpoints and the timeline."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from migration.models import (
+    Accelerator,
+    CapacityPool,
+    Checkpoint,
+    CheckpointReplica,
+    CompatibilityRule,
+    Instance,
+    InterruptionEvent,
+    LogLine,
+    Migration,
+    Region,
+    RegionLatency,
+    TimelineEvent,
+)
+
+
+class RegionLatencyInline(admin.TabularInline):
+    model = RegionLatency
+    fk_name = "source"
+    extra = 0
+
+
+@admin.register(Region)
+class RegionAdmin(admin.ModelAdmin):
+    list_display = ["code", "name"]
+    search_fields = ["code", "name"]
+    inlines = [RegionLatencyInline]
+
+
+class CompatibilityRuleInline(admin.TabularInline):
+    """The matrix row of one card: what may stand in for it."""
+
+    model = CompatibilityRule
+    fk_name = "source"
+    extra = 1
+    fields = [
+        "target",
+        "kind",
+        "target_count",
+        "enabled",
+        "operator_compatibility",
+        "memory_mapping",
+        "communication_adaptation",
+    ]
+    verbose_name = "substitute"
+    verbose_name_plural = "substitutes (compatibility rules from this card)"
+
+
+@admin.register(Accelerator)
+class AcceleratorAdmin(admin.ModelAdmin):
+    list_display = ["name", "generation", "memory_gib", "compute_capability", "interconnect"]
+    list_filter = ["generation", "interconnect"]
+    search_fields = ["name"]
+    inlines = [CompatibilityRuleInline]
+
+
+@admin.register(CompatibilityRule)
+class CompatibilityRuleAdmin(admin.ModelAdmin):
+    list_display = ["source", "target", "kind", "target_count", "enabled"]
+    list_filter = ["kind", "enabled", "source", "target"]
+    list_editable = ["enabled"]
+    search_fields = ["source__name", "target__name"]
+
+
+@admin.register(CapacityPool)
+class CapacityPoolAdmin(admin.ModelAdmin):
+    list_display = [
+        "instance_type",
+        "region",
+        "zone",
+        "accelerator",
+        "gpus_per_instance",
+        "market",
+        "price_per_hour",
+        "capacity",
+        "interruption_rate_per_hour",
+        "backend",
+        "enabled",
+    ]
+    list_filter = ["market", "backend", "enabled", "region", "accelerator"]
+    list_editable = ["price_per_hour", "capacity", "enabled"]
+    search_fields = ["instance_type", "zone"]
+    list_select_related = ["region", "accelerator"]
+
+
+@admin.register(Instance)
+class InstanceAdmin(admin.ModelAdmin):
+    list_display = ["id", "job", "rank", "pool", "state", "awareness_abnormal", "last_heartbeat"]
+    list_filter = ["state", "awareness_abnormal", "pool__market"]
+    list_select_related = ["job", "pool", "pool__region"]
+    readonly_fields = ["agent_token_hash", "self_check", "created_at"]
+    raw_id_fields = ["job", "pool"]
+
+
+@admin.register(InterruptionEvent)
+class InterruptionEventAdmin(admin.ModelAdmin):
+    list_display = ["instance", "level", "received_at", "deadline_at", "source"]
+    list_filter = ["level", "source"]
+
+
+@admin.register(Migration)
+class MigrationAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "job",
+        "trigger",
+        "from_pool",
+        "to_pool",
+        "phase",
+        "lost_steps",
+        "started_at",
+    ]
+    list_filter = ["trigger", "phase"]
+    raw_id_fields = ["job", "from_pool", "to_pool", "checkpoint"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Append-only records: shown, never edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+
+@admin.register(TimelineEvent)
+class TimelineEventAdmin(ReadOnlyAdmin):
+    list_display = ["id", "job", "kind", "at"]
+    list_filter = ["kind"]
+    search_fields = ["job__name"]
+
+
+class CheckpointReplicaInline(admin.TabularInline):
+    model = CheckpointReplica
+    extra = 0
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    list_display = ["id", "job", "step", "kind", "status", "bytes_total", "bytes_new", "created_at"]
+    list_filter = ["kind", "status"]
+    inlines = [CheckpointReplicaInline]
+    raw_id_fields = ["job"]
+
+
+@admin.register(LogLine)
+class LogLineAdmin(ReadOnlyAdmin):
+    list_display = ["id", "job", "rank", "at", "line"]
+    list_filter = ["rank"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LogLine]:
+        return super().get_queryset(request).select_related("job")

@@ -1,0 +1,114 @@
+"""Shapes of pools, instances, timeline events, checkpoints, migrations and log lines
+(DESIGN §9: fields may be added, never renamed)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from migration.models import (
+    CapacityPool,
+    Checkpoint,
+    CheckpointReplica,
+    Instance,
+    LogLine,
+    Migration,
+    TimelineEvent,
+)
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    region = serializers.CharField(source="region.code")
+    accelerator = serializers.CharField(source="accelerator.name")
+    free = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = CapacityPool
+        fields = [
+            "id",
+            "region",
+            "zone",
+            "instance_type",
+            "accelerator",
+            "gpus_per_instance",
+            "market",
+            "price_per_hour",
+            "capacity",
+            "free",
+            "interruption_rate_per_hour",
+            "backend",
+            "advance_notice_s",
+            "final_window_s",
+            "provisioning_delay_s",
+        ]
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Instance
+        fields = [
+            "id",
+            "job",
+            "rank",
+            "pool",
+            "state",
+            "awareness_abnormal",
+            "last_heartbeat",
+            "started_at",
+            "ended_at",
+        ]
+
+
+class TimelineEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TimelineEvent
+        fields = ["id", "job", "migration", "kind", "at", "data"]
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    region = serializers.CharField(source="region.code")
+
+    class Meta:
+        model = CheckpointReplica
+        fields = ["region", "status", "bytes", "completed_at"]
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    replicas = ReplicaSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Checkpoint
+        fields = [
+            "id",
+            "step",
+            "kind",
+            "status",
+            "bytes_total",
+            "bytes_new",
+            "created_at",
+            "manifest_key",
+            "validation_reference",
+            "replicas",
+        ]
+
+
+class MigrationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Migration
+        fields = [
+            "id",
+            "trigger",
+            "from_pool",
+            "to_pool",
+            "phase",
+            "lost_steps",
+            "started_at",
+            "finished_at",
+            "timings",
+            "validation",
+        ]
+
+
+class LogLineSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = LogLine
+        fields = ["id", "rank", "instance", "at", "line"]

@@ -1,0 +1,26 @@
+"""Read-only queries shared by the API, the pages and the consumers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs.models import Job
+from migration.events import serialize_event
+from migration.models import TimelineEvent
+
+REPLAY_LIMIT = 5000
+
+
+def can_watch_job(user: Any, job_id: int) -> bool:
+    """Members of the job's project and staff may watch it; unknown jobs are refused."""
+    return Job.objects.visible_to(user).filter(pk=job_id).exists()
+
+
+def job_events_after(job_id: int, since: int) -> list[dict[str, Any]]:
+    events = TimelineEvent.objects.filter(job_id=job_id, id__gt=since).order_by("id")
+    return [serialize_event(e) for e in events[:REPLAY_LIMIT]]
+
+
+def fleet_events_after(since: int) -> list[dict[str, Any]]:
+    events = TimelineEvent.objects.filter(id__gt=since).order_by("id")
+    return [serialize_event(e) for e in events[:REPLAY_LIMIT]]

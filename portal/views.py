@@ -1,0 +1,103 @@
+"""Server-rendered pages: the dashboard, a job's page with its live timeline, a submit form.
+
+Views parse, call one service, render. The submit form validates with the same serializer
+as the REST API, so the browser and the API accept and refuse exactly the same jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods
+
+from jobs import services
+from jobs.api.serializers import JobSerializer
+from jobs.choices import Tolerance
+from jobs.models import Job
+from jobs.workloads.catalog import TEMPLATES
+from migration.models import Accelerator, CapacityPool
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    pools = (
+        CapacityPool.objects.with_free()
+        .filter(enabled=True)
+        .select_related("region", "accelerator")
+    )
+    jobs = Job.objects.visible_to(request.user).select_related("accelerator", "project")[:50]
+    return render(request, "portal/dashboard.html", {"pools": pools, "jobs": jobs})
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(
+        Job.objects.visible_to(request.user).select_related("accelerator", "project", "pool"),
+        pk=job_id,
+    )
+    return render(request, "portal/job_detail.html", {"job": job})
+
+
+def _form_payload(post: Any) -> dict[str, Any]:
+    """The form's fields as the API's JSON body (empty fields left out)."""
+    params_text = post.get("params", "").strip()
+    try:
+        params = json.loads(params_text) if params_text else {}
+    except json.JSONDecodeError:
+        params = params_text  # the serializer reports it as a workload error
+    body: dict[str, Any] = {"workload": {"template": post.get("template", ""), "params": params}}
+    for name in (
+        "name",
+        "accelerator",
+        "gpus_per_node",
+        "nodes",
+        "total_steps",
+        "tolerance",
+        "max_price_per_hour",
+        "deadline",
+        "checkpoint_every_steps",
+        "checkpoint_every_seconds",
+        "max_interruptions",
+        "max_wait_s",
+    ):
+        value = post.get(name, "").strip()
+        if value:
+            body[name] = value
+    for flag in ("allow_model_parallel", "allow_on_demand_fallback"):
+        body[flag] = post.get(flag) == "on"
+    return body
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_new(request: HttpRequest) -> HttpResponse:
+    errors: dict[str, Any] = {}
+    values: dict[str, Any] = {
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "total_steps": 1000,
+        "tolerance": Tolerance.BALANCED,
+        "allow_on_demand_fallback": "on",
+    }
+    if request.method == "POST":
+        values = request.POST.dict()
+        serializer = JobSerializer(data=_form_payload(request.POST), context={"request": request})
+        if serializer.is_valid():
+            job = services.submit_job(request.user, **serializer.validated_data)
+            return redirect("job-detail", job_id=job.pk)
+        errors = serializer.errors
+    return render(
+        request,
+        "portal/job_new.html",
+        {
+            "errors": errors,
+            "values": values,
+            "templates": TEMPLATES.values(),
+            "accelerators": Accelerator.objects.all(),
+            "tolerances": Tolerance.choices,
+        },
+    )
