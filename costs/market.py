@@ -1,0 +1,83 @@
+"""The market model shared by the policies, the estimator and the replay: the deadline rule.
+
+One rule decides, for a job with a deadline, whether the next stretch of time is spent on spot,
+on on-demand, or waiting for spot. It is written over numpy arrays so the estimator's Monte Carlo
+applies it to a thousand simulated jobs at once, and the scalar policies call the very same code,
+so what the estimator predicts is what placement does.
+
+The rule spends the deadline's slack (time to deadline minus remaining work) evenly over the
+job's life instead of first-come-first-served ("uniform progress", after the NSDI'24 paper
+"Can't Be Late"):
+
+1. Safety net: when the slack no longer covers ``SAFETY_RESTARTS`` restarts (plus one decision
+   step), run on on-demand. On on-demand the slack stays constant, so this is for good.
+2. Hysteresis: a job on on-demand that is behind its plan stays there until it is ahead of the
+   plan by ``HYSTERESIS_RESTARTS`` restarts' worth of time, so it does not flap.
+3. Spot whenever spot is available (and the job stays on it until it is preempted).
+4. Spot unavailable and the job behind its plan -> on-demand to catch up; ahead -> wait.
+
+The plan is uniform progress: with ``planned_rate = total work / total time to deadline`` the job
+is behind when ``remaining work > planned_rate * hours to deadline``. With ``planned_rate = 0``
+rules 2 and 4 vanish and only the safety net is left: that is the greedy reference (spot until
+the slack runs out, then on-demand for good) when ``safety_restarts = 1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WAIT = 0
+SPOT = 1
+ON_DEMAND = 2
+
+MARKET_SPOT = "spot"
+MARKET_ON_DEMAND = "on_demand"
+MARKETS = (MARKET_SPOT, MARKET_ON_DEMAND)
+CODE_OF_MARKET: dict[str | None, int] = {None: WAIT, MARKET_SPOT: SPOT, MARKET_ON_DEMAND: ON_DEMAND}
+MARKET_OF_CODE: dict[int, str | None] = {v: k for k, v in CODE_OF_MARKET.items()}
+
+# Slack kept back for restarts before the job commits to on-demand: one to move to on-demand
+# after a preemption, one as a margin for a restart that runs long.
+SAFETY_RESTARTS = 2.0
+# How far ahead of its plan (in restarts) a job on on-demand must be before it leaves.
+HYSTERESIS_RESTARTS = 2.0
+# Float slack in hour comparisons, so a threshold reached exactly counts as reached.
+EPSILON_HOURS = 1e-9
+
+
+def deadline_action(
+    remaining_work_hours: np.ndarray | float,
+    hours_to_deadline: np.ndarray | float,
+    planned_rate: np.ndarray | float,
+    restart_hours: np.ndarray | float,
+    market_now: np.ndarray | int,
+    spot_available: np.ndarray | bool,
+    step_hours: float = 0.0,
+    safety_restarts: float = SAFETY_RESTARTS,
+    hysteresis_restarts: float = HYSTERESIS_RESTARTS,
+) -> np.ndarray:
+    """What a deadline job should do next: ``WAIT``, ``SPOT`` or ``ON_DEMAND`` (element-wise).
+
+    ``market_now`` is the market code the job holds (``WAIT`` when idle or just preempted);
+    ``step_hours`` is how long the decision holds before the next one (a replay tick; 0 in
+    continuous time), which the safety net must leave room for.
+    """
+    rem = np.asarray(remaining_work_hours, dtype=float)
+    left = np.asarray(hours_to_deadline, dtype=float)
+    rate = np.asarray(planned_rate, dtype=float)
+    restart = np.asarray(restart_hours, dtype=float)
+    now = np.asarray(market_now)
+    spot = np.asarray(spot_available, dtype=bool)
+
+    safety = left - step_hours < rem + safety_restarts * restart - EPSILON_HOURS
+    behind_plan = (rate > 0) & (rem > rate * (left - step_hours) + EPSILON_HOURS)
+    catching_up = (now == ON_DEMAND) & (rem > rate * (left - hysteresis_restarts * restart))
+    action = np.where(spot, SPOT, np.where(behind_plan, ON_DEMAND, WAIT))
+    return np.where(safety | catching_up, ON_DEMAND, action)
+
+
+def planned_rate(total_work_hours: float, total_hours_to_deadline: float | None) -> float:
+    """The uniform-progress rate of a job: work per hour of its whole window (0 without one)."""
+    if total_hours_to_deadline is None or total_hours_to_deadline <= 0:
+        return 0.0
+    return min(1.0, total_work_hours / total_hours_to_deadline)
