@@ -10,9 +10,6 @@ from dataclasses import dataclass, field
 
 from migration.compatibility import HardwareOption
 
-# A substitute must be this much cheaper (relative) to beat the exact hardware: substitutes
-# carry operator and memory-mapping risk the exact match does not.
-SUBSTITUTE_PENALTY = 0.10
 # A ready checkpoint replica in the pool's region saves a cross-region copy on restore.
 LOCALITY_BONUS = 0.05
 
@@ -71,14 +68,13 @@ def _fits(pool: PoolView, option: HardwareOption) -> bool:
     )
 
 
-def _score(pool: PoolView, option: HardwareOption, request: PlacementRequest) -> float:
-    """Price per hour of the gang, adjusted for substitution risk and checkpoint locality."""
+def _score(pool: PoolView, option: HardwareOption, request: PlacementRequest) -> tuple[bool, float]:
+    """Exact hardware first (a substitute carries operator and memory-mapping risk), then the
+    price per hour of the gang, a little lower where a checkpoint replica is ready."""
     cost = pool.price_per_hour * request.nodes
-    if option.substitute:
-        cost *= 1 + SUBSTITUTE_PENALTY
     if pool.region in request.replica_regions:
         cost *= 1 - LOCALITY_BONUS
-    return cost
+    return option.substitute, cost
 
 
 def choose_pool(request: PlacementRequest, pools: list[PoolView]) -> PlacementChoice | Rejection:
@@ -113,12 +109,15 @@ def choose_pool(request: PlacementRequest, pools: list[PoolView]) -> PlacementCh
             len(affordable),
         )
     pool, option = min(free, key=lambda po: (_score(po[0], po[1], request), po[0].id))
+    exact_full = option.substitute and any(not o.substitute for _, o in affordable)
     reason = (
         f"{'cheapest' if len(free) > 1 else 'only'} compatible {request.market} pool with room "
         f"for {request.nodes} instance(s) among {len(free)}: {pool.instance_type} in "
         f"{pool.zone or pool.region} at {pool.price_per_hour:.4f}/h per instance, "
         f"{option.describe(request.requested or option.accelerator)}"
     )
+    if exact_full:
+        reason = f"every exact {request.requested} pool is full, so a {reason}"
     if pool.region in request.replica_regions:
         reason += "; a checkpoint replica is ready in this region"
     return PlacementChoice(pool, option, reason)

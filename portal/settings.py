@@ -128,6 +128,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BATON_HOME / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
 # Serve straight from the finders: `make run` needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG

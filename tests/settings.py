@@ -32,6 +32,9 @@ from portal.settings import BATON_HOME, DATABASES
 # A file, not :memory:, so Celery worker processes started by the tests see the same data.
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": str(BATON_HOME / "test.sqlite3")}
+# Processes started by tests (a Celery worker) open the test database, not the real one.
+if os.environ.get("BATON_TEST_DATABASE_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["BATON_TEST_DATABASE_NAME"]
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_BEAT_SCHEDULE: dict[str, object] = {}

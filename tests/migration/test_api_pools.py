@@ -1,0 +1,99 @@
+"""Pools are readable by every signed-in user, with their free capacity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from migration.models import Instance
+
+pytestmark = pytest.mark.django_db
+
+
+def test_every_signed_in_user_reads_pools_with_free_capacity(
+    catalogue: Any, alice: Any, client_for: Any
+) -> None:
+    from jobs import services
+
+    pool = catalogue["pools"]["t4_spot"]
+    job = services.submit_job(
+        alice,
+        workload={"template": "mlp_numpy", "params": {}},
+        accelerator=catalogue["accelerators"]["T4"],
+        total_steps=10,
+    )
+    Instance.objects.create(job=job, pool=pool, state="running")
+    Instance.objects.create(job=job, pool=pool, state="released")
+
+    pools = client_for(alice).get("/api/pools/").json()
+
+    listed = {p["id"]: p for p in pools}
+    assert listed[pool.pk]["free"] == pool.capacity - 1
+    assert {
+        "id",
+        "region",
+        "zone",
+        "instance_type",
+        "accelerator",
+        "gpus_per_instance",
+        "market",
+        "price_per_hour",
+        "capacity",
+        "free",
+        "interruption_rate_per_hour",
+    } <= set(listed[pool.pk])
+    assert listed[pool.pk]["accelerator"] == "T4" and listed[pool.pk]["region"] == "us-east-1"
+
+
+def test_pools_are_listed_cheapest_first_within_a_market(
+    catalogue: Any, alice: Any, client_for: Any
+) -> None:
+    pools = client_for(alice).get("/api/pools/?market=spot").json()
+
+    prices = [p["price_per_hour"] for p in pools]
+    assert prices == sorted(prices) and len(prices) == 4
+
+
+def test_anonymous_users_cannot_read_pools(catalogue: Any, client: Any) -> None:
+    assert client.get("/api/pools/").status_code in (401, 403)
+
+
+def test_instances_are_listed_only_for_visible_jobs(
+    catalogue: Any, alice: Any, bob: Any, client_for: Any
+) -> None:
+    from jobs import services
+
+    job = services.submit_job(
+        alice,
+        workload={"template": "mlp_numpy", "params": {}},
+        accelerator=catalogue["accelerators"]["T4"],
+        total_steps=10,
+    )
+    instance = Instance.objects.create(job=job, pool=catalogue["pools"]["t4_spot"])
+
+    mine = client_for(alice).get(f"/api/instances/?job={job.pk}").json()["results"]
+    theirs = client_for(bob).get(f"/api/instances/?job={job.pk}").json()["results"]
+
+    assert [i["id"] for i in mine] == [instance.pk]
+    assert set(mine[0]) >= {
+        "id",
+        "job",
+        "rank",
+        "pool",
+        "state",
+        "awareness_abnormal",
+        "last_heartbeat",
+    }
+    assert theirs == []
+
+
+def test_the_openapi_schema_and_docs_are_served(alice: Any, client_for: Any) -> None:
+    client = client_for(alice)
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    docs = client.get("/api/docs/")
+
+    assert schema.status_code == 200
+    assert "/api/jobs/{id}/timeline/" in schema.json()["paths"]
+    assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+    assert b"cdn" not in docs.content.lower()

@@ -1,0 +1,131 @@
+"""The placement service: state changes, reservations, waiting and fallback, events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobs import services as job_services
+from jobs.models import Job
+from migration import services
+from migration.models import Instance, TimelineEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(owner: Any, catalogue: Any, accelerator: str = "T4", **fields: Any) -> Job:
+    return job_services.submit_job(
+        owner,
+        workload={"template": "mlp_numpy", "params": {}},
+        accelerator=catalogue["accelerators"][accelerator],
+        total_steps=100,
+        **fields,
+    )
+
+
+def kinds(job: Job) -> list[str]:
+    return list(TimelineEvent.objects.filter(job=job).values_list("kind", flat=True))
+
+
+def test_it_reserves_the_cheapest_spot_pool_and_records_why(catalogue: Any, alice: Any) -> None:
+    job = submit(alice, catalogue)
+
+    outcome = services.place_job(job.pk)
+
+    job.refresh_from_db()
+    assert outcome.placed
+    assert job.state == "starting" and job.market == "spot"
+    assert job.pool == catalogue["pools"]["t4_spot"]
+    assert Instance.objects.filter(job=job, state="provisioning").count() == 1
+    event = TimelineEvent.objects.get(job=job, kind="placement_decided")
+    assert event.data["pool"] == job.pool_id and event.data["market"] == "spot"
+    assert "cheapest" in event.data["reason"]
+
+
+def test_placing_twice_does_not_reserve_twice(catalogue: Any, alice: Any) -> None:
+    job = submit(alice, catalogue)
+
+    services.place_job(job.pk)
+    again = services.place_job(job.pk)
+
+    assert not again.placed and "starting" in again.reason
+    assert Instance.objects.filter(job=job).count() == 1
+
+
+def test_a_gang_is_placed_in_one_pool(catalogue: Any, alice: Any) -> None:
+    job = submit(alice, catalogue, nodes=3)
+
+    services.place_job(job.pk)
+
+    instances = Instance.objects.filter(job=job)
+    assert sorted(instances.values_list("rank", flat=True)) == [0, 1, 2]
+    assert instances.values("pool").distinct().count() == 1
+
+
+def test_a_full_market_falls_back_to_on_demand_when_allowed(catalogue: Any, alice: Any) -> None:
+    first = submit(alice, catalogue, accelerator="V100-16GB")
+    second = submit(alice, catalogue, accelerator="V100-16GB")
+
+    services.place_job(first.pk)
+    services.place_job(second.pk)
+
+    second.refresh_from_db()
+    assert second.market == "on_demand" and second.pool == catalogue["pools"]["v100_od"]
+    reason = TimelineEvent.objects.get(job=second, kind="placement_decided").data["reason"]
+    assert "full" in reason and "on-demand" in reason
+
+
+def test_a_job_waits_when_nothing_fits_and_is_placed_when_capacity_frees(
+    catalogue: Any, alice: Any
+) -> None:
+    jobs = [
+        submit(alice, catalogue, accelerator="V100-16GB", allow_on_demand_fallback=False)
+        for _ in range(2)
+    ]
+    for job in jobs:
+        services.place_job(job.pk)
+    waiting = Job.objects.get(pk=jobs[1].pk)
+    assert waiting.state == "waiting" and kinds(waiting)[-1] == "waiting"
+    assert services.jobs_to_retry() == [waiting.pk]
+
+    job_services.cancel_job(jobs[0].pk, alice)
+    services.place_job(waiting.pk)
+
+    waiting.refresh_from_db()
+    assert waiting.state == "starting" and waiting.waiting_since is None
+
+
+def test_pool_capacity_is_never_oversubscribed(catalogue: Any, alice: Any) -> None:
+    jobs = [submit(alice, catalogue, allow_on_demand_fallback=False) for _ in range(8)]
+    for job in jobs:
+        services.place_job(job.pk)
+
+    for pool in catalogue["pools"].values():
+        assert Instance.objects.filter(pool=pool).count() <= pool.capacity
+    states = sorted(Job.objects.values_list("state", flat=True))
+    # T4 spot: 3 + 3 (us-west-2) exact, then 2 on A10G through the cross-generation rule.
+    assert states.count("starting") == 8
+
+
+def test_jobs_beyond_every_compatible_pool_wait(catalogue: Any, alice: Any) -> None:
+    jobs = [submit(alice, catalogue, allow_on_demand_fallback=False) for _ in range(9)]
+    for job in jobs:
+        services.place_job(job.pk)
+
+    assert Job.objects.filter(state="waiting").count() == 1
+
+
+def test_recovery_after_a_crash_ends_orphans_and_requeues_their_jobs(
+    catalogue: Any, alice: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    job = submit(alice, catalogue)
+    services.place_job(job.pk)
+
+    with django_capture_on_commit_callbacks(execute=False):
+        requeued = services.recover_orphaned_instances()
+
+    job.refresh_from_db()
+    assert requeued == [job.pk]
+    assert job.state == "migrating"
+    assert not Instance.objects.filter(job=job, state="provisioning").exists()
