@@ -73,6 +73,10 @@ class TimelineConsumer(AsyncJsonWebsocketConsumer):
         if self.resumed:
             await self.send_json(message)
 
+    async def log_lines(self, message: dict[str, Any]) -> None:
+        if self.resumed:
+            await self.send_json(message)
+
     async def _forward(self, event: dict[str, Any]) -> None:
         if event["id"] <= self.last_id:
             return

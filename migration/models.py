@@ -211,6 +211,9 @@ class Instance(models.Model):
     self_check = models.JSONField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     awareness_abnormal = models.BooleanField(default=False)
+    last_event_seq = models.PositiveBigIntegerField(
+        default=0, help_text="Highest agent event applied (re-sent batches are applied once)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

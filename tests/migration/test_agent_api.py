@@ -1,0 +1,233 @@
+"""The portal side of the agent API: token auth, at-most-once batches, and what each report
+does to instances, jobs, checkpoints and the timeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from jobs import services as job_services
+from jobs.models import Job
+from migration import services
+from migration.agent_reports import issue_agent_token
+from migration.models import Checkpoint, Instance, InterruptionEvent, TimelineEvent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def placed(catalogue: Any, alice: Any) -> dict[str, Any]:
+    """A two-node job placed on spot, with an agent client per rank."""
+    job = job_services.submit_job(
+        alice,
+        workload={"template": "mlp_numpy", "params": {}},
+        accelerator=catalogue["accelerators"]["T4"],
+        total_steps=100,
+        nodes=2,
+    )
+    services.place_job(job.pk)
+    agents = []
+    for instance in Instance.objects.filter(job=job).order_by("rank"):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Agent {issue_agent_token(instance)}")
+        agents.append(client)
+    return {"job": job, "agents": agents}
+
+
+def send(agent: APIClient, *events: dict[str, Any]) -> Any:
+    return agent.post("/api/agent/events/", {"events": list(events)}, format="json")
+
+
+def kinds(job: Job) -> list[str]:
+    return list(TimelineEvent.objects.filter(job=job).values_list("kind", flat=True))
+
+
+def test_an_unknown_token_is_refused(placed: dict[str, Any]) -> None:
+    stranger = APIClient()
+    stranger.credentials(HTTP_AUTHORIZATION="Agent not-a-token")
+
+    assert send(stranger, {"seq": 1, "type": "heartbeat"}).status_code == 401
+
+
+def test_a_user_token_cannot_speak_for_an_agent_and_an_agent_token_opens_nothing_else(
+    placed: dict[str, Any], alice: Any, client_for: Any
+) -> None:
+    user = client_for(alice)
+    agent = placed["agents"][0]
+
+    assert send(user, {"seq": 1, "type": "heartbeat"}).status_code in (401, 403)
+    assert agent.get("/api/jobs/").status_code in (401, 403)
+
+
+def test_the_job_runs_once_every_rank_has_checked_in(placed: dict[str, Any]) -> None:
+    job = placed["job"]
+    first, second = placed["agents"]
+
+    send(first, {"seq": 1, "type": "self_check", "ok": True, "checks": {"imds": "ok"}})
+    job.refresh_from_db()
+    assert job.state == "starting"
+    send(second, {"seq": 1, "type": "self_check", "ok": True})
+
+    job.refresh_from_db()
+    assert job.state == "running"
+    assert kinds(job)[-3:] == ["instance_started", "instance_started", "running"]
+    assert not Instance.objects.filter(job=job, state="provisioning").exists()
+
+
+def test_a_batch_sent_twice_is_applied_once(placed: dict[str, Any]) -> None:
+    agent = placed["agents"][0]
+    batch = [
+        {"seq": 1, "type": "self_check", "ok": True},
+        {"seq": 2, "type": "notice", "level": "advance", "source": "imds"},
+    ]
+
+    first = send(agent, *batch).json()
+    again = send(
+        agent,
+        *batch,
+        {
+            "seq": 3,
+            "type": "notice",
+            "level": "final",
+            "source": "imds",
+            "deadline": "2030-01-01T00:00:00Z",
+        },
+    ).json()
+
+    assert first == {"acked": 2} and again == {"acked": 3}
+    assert InterruptionEvent.objects.filter(level="advance").count() == 1
+    assert kinds(placed["job"]).count("notice_advance") == 1
+    assert kinds(placed["job"]).count("notice_final") == 1
+
+
+def test_only_emergency_checkpoints_appear_on_the_timeline(placed: dict[str, Any]) -> None:
+    agent = placed["agents"][0]
+    common = {
+        "type": "checkpoint",
+        "bytes_new": 10,
+        "bytes_total": 100,
+        "rank": 0,
+        "world_size": 2,
+        "validation_reference": 0.5,
+    }
+
+    send(
+        agent,
+        {"seq": 1, "manifest": "jobs/1/manifests/20", "step": 20, "kind": "periodic", **common},
+        {"seq": 2, "manifest": "jobs/1/manifests/25", "step": 25, "kind": "emergency", **common},
+    )
+
+    assert list(Checkpoint.objects.values_list("step", "kind", "status")) == [
+        (20, "periodic", "committed"),
+        (25, "emergency", "committed"),
+    ]
+    committed = TimelineEvent.objects.get(kind="checkpoint_committed")
+    assert committed.data["step"] == 25
+    assert Checkpoint.objects.get(step=25).region.code == "us-east-1"
+
+
+def test_progress_of_rank_zero_moves_the_job(placed: dict[str, Any]) -> None:
+    first, second = placed["agents"]
+
+    send(first, {"seq": 1, "type": "progress", "step": 42, "val_loss": 0.3})
+    send(second, {"seq": 1, "type": "progress", "step": 7})
+
+    placed["job"].refresh_from_db()
+    assert placed["job"].step == 42
+
+
+def test_a_finished_gang_with_a_result_succeeds(placed: dict[str, Any]) -> None:
+    job = placed["job"]
+    first, second = placed["agents"]
+    for agent in (first, second):
+        send(agent, {"seq": 1, "type": "self_check", "ok": True})
+    result = {"step": 100, "val_loss": 0.12, "weights_sha256": "ab" * 32}
+
+    send(
+        first,
+        {"seq": 2, "type": "result", **result},
+        {"seq": 3, "type": "exit", "reason": "finished", "returncode": 0},
+    )
+    job.refresh_from_db()
+    assert job.state == "running"  # rank 1 still works
+    send(second, {"seq": 2, "type": "exit", "reason": "finished", "returncode": 0})
+
+    job.refresh_from_db()
+    assert job.state == "succeeded" and job.result == result and job.step == 100
+    assert kinds(job)[-1] == "succeeded"
+    assert set(Instance.objects.filter(job=job).values_list("state", flat=True)) == {"released"}
+
+
+def test_a_failed_rank_fails_the_job_and_releases_the_gang(placed: dict[str, Any]) -> None:
+    job = placed["job"]
+    first, second = placed["agents"]
+    for agent in (first, second):
+        send(agent, {"seq": 1, "type": "self_check", "ok": True})
+
+    send(
+        second, {"seq": 2, "type": "exit", "reason": "failed", "returncode": 3, "error": "CUDA OOM"}
+    )
+
+    job.refresh_from_db()
+    assert job.state == "failed" and "CUDA OOM" in job.error
+    assert dict(Instance.objects.filter(job=job).values_list("rank", "state")) == {
+        0: "released",
+        1: "failed",
+    }
+
+
+def test_a_listener_that_gives_up_marks_the_instance_abnormal(placed: dict[str, Any]) -> None:
+    agent = placed["agents"][0]
+
+    send(
+        agent,
+        {"seq": 1, "type": "listener_failed", "error": "boom", "restarts": 1, "recovered": True},
+    )
+    assert not Instance.objects.get(rank=0).awareness_abnormal
+    send(
+        agent,
+        {"seq": 2, "type": "listener_failed", "error": "boom", "restarts": 5, "recovered": False},
+    )
+
+    assert Instance.objects.get(rank=0).awareness_abnormal
+
+
+def test_a_failed_self_check_marks_the_instance_abnormal(placed: dict[str, Any]) -> None:
+    send(
+        placed["agents"][0],
+        {"seq": 1, "type": "self_check", "ok": False, "checks": {"imds": "unreachable"}},
+    )
+
+    instance = Instance.objects.get(rank=0)
+    assert instance.awareness_abnormal and instance.self_check["checks"] == {"imds": "unreachable"}
+
+
+def test_a_malformed_batch_is_refused_with_field_errors(placed: dict[str, Any]) -> None:
+    response = send(placed["agents"][0], {"seq": 0, "type": "heartbeat"}, {"type": "heartbeat"})
+
+    assert response.status_code == 400
+    assert "events" in response.json()
+
+
+def test_log_lines_are_stored_per_rank_and_drops_are_said(
+    placed: dict[str, Any], alice: Any, client_for: Any
+) -> None:
+    first, second = placed["agents"]
+    first.post(
+        "/api/agent/logs/",
+        {"lines": [{"rank": 0, "line": "step 1"}, {"rank": 0, "line": "step 2"}]},
+        format="json",
+    )
+    answer = second.post(
+        "/api/agent/logs/", {"lines": [{"rank": 1, "line": "hello"}], "dropped": 5}, format="json"
+    ).json()
+
+    job = placed["job"]
+    lines = client_for(alice).get(f"/api/jobs/{job.pk}/logs/").json()
+    rank1 = client_for(alice).get(f"/api/jobs/{job.pk}/logs/?rank=1").json()
+
+    assert answer == {"stored": 2}
+    assert [line["line"] for line in lines][:3] == ["step 1", "step 2", "hello"]
+    assert "5 line(s) dropped" in rank1[-1]["line"]
