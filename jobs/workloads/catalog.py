@@ -78,15 +78,24 @@ TEMPLATES: dict[str, Template] = {
     t.name: t
     for t in (
         Template(
-            "mlp_numpy", "jobs.workloads.mlp_numpy", sdk=True, params={**COMMON, **MLP},
+            "mlp_numpy",
+            "jobs.workloads.mlp_numpy",
+            sdk=True,
+            params={**COMMON, **MLP},
             description="A numpy MLP on synthetic data with a fixed validation batch.",
         ),
         Template(
-            "mlp_torch", "jobs.workloads.mlp_torch", sdk=True, params={**COMMON, **MLP},
-            needs=("torch",), description="The same MLP in torch (needs torch installed).",
+            "mlp_torch",
+            "jobs.workloads.mlp_torch",
+            sdk=True,
+            params={**COMMON, **MLP},
+            needs=("torch",),
+            description="The same MLP in torch (needs torch installed).",
         ),
         Template(
-            "lora_sim", "jobs.workloads.lora_sim", sdk=True,
+            "lora_sim",
+            "jobs.workloads.lora_sim",
+            sdk=True,
             params={
                 **COMMON,
                 "base_mb": Param(float, 64.0, help="Size of the frozen base model in MiB."),
@@ -97,7 +106,10 @@ TEMPLATES: dict[str, Template] = {
             description="A large frozen base and a small trainable adapter (incremental saves).",
         ),
         Template(
-            "dir_mode_example", "jobs.workloads.dir_mode_example", sdk=False, params=dict(COMMON),
+            "dir_mode_example",
+            "jobs.workloads.dir_mode_example",
+            sdk=False,
+            params=dict(COMMON),
             description="A plain script with --resume-from-checkpoint DIR (directory mode).",
         ),
     )
