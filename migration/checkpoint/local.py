@@ -1,0 +1,206 @@
+"""A store in a local folder (the instance's fast disk, or a region's store on one machine).
+
+Every write goes to a temporary file in the destination folder and is renamed into place, so a
+reader (or a crash) sees either nothing or the whole object. Chunk files are fsynced before
+they are renamed, their folders before the manifest is written, and the manifest and its
+folder last: after a power cut a manifest never names a chunk that did not reach the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .errors import CorruptChunk, ManifestNotFound, StoreError
+from .store import DEFAULT_CHUNK_SIZE, Store
+
+_TMP_MARK = ".tmp-"
+
+
+def _write_all(fd: int, data: memoryview | bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder so the renames inside it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: memoryview | bytes, *, fsync: bool = True) -> None:
+    """Write `path` as a whole or not at all: temporary file, fsync, rename, fsync folder."""
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            _write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if fsync:
+        fsync_dir(path.parent)
+
+
+class LocalStore(Store):
+    """A store rooted at a folder: `file:///path`."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        workers: int = 4,
+    ) -> None:
+        super().__init__(chunk_size=chunk_size, workers=workers)
+        self.root = Path(root).absolute()
+        self.fsync = fsync
+        try:
+            (self.root / "chunks").mkdir(parents=True, exist_ok=True)
+            (self.root / "jobs").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create a store at {self.root}: {exc}") from exc
+        self._dirs_made: set[str] = set()
+        self._dirs_lock = threading.Lock()
+        self._new_dirs = False
+
+    @property
+    def url(self) -> str:
+        """`file://` URL of the root folder."""
+        return self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _chunk_path(self, chunk: str) -> Path:
+        return self.root / "chunks" / chunk[:2] / chunk
+
+    def _has_chunk(self, chunk: str) -> bool:
+        try:
+            # Touching a reused chunk renews gc's grace period for it: a concurrent gc in
+            # another process will not sweep a chunk a save is about to reference.
+            os.utime(self._chunk_path(chunk))
+        except FileNotFoundError:
+            return False
+        except PermissionError:
+            return self._chunk_path(chunk).exists()
+        return True
+
+    def _write_chunk(self, chunk: str, data: memoryview) -> None:
+        folder = self._chunk_path(chunk).parent
+        if folder.name not in self._dirs_made:
+            with self._dirs_lock:
+                if not folder.exists():
+                    folder.mkdir(exist_ok=True)
+                    self._new_dirs = True
+                self._dirs_made.add(folder.name)
+        path = folder / chunk
+        tmp = folder / f".{chunk}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                _write_all(fd, data)
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def _sync_chunks(self, chunks: Iterable[str]) -> None:
+        if not self.fsync:
+            return
+        folders = {chunk[:2] for chunk in chunks}
+        for name in sorted(folders):
+            fsync_dir(self.root / "chunks" / name)
+        if self._new_dirs:
+            self._new_dirs = False
+            fsync_dir(self.root / "chunks")
+
+    def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
+        try:
+            fd = os.open(self._chunk_path(chunk), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CorruptChunk(chunk, "missing") from None
+        try:
+            filled = 0
+            while filled < len(out):
+                n = os.readv(fd, [out[filled:]])
+                if n == 0:
+                    raise CorruptChunk(chunk, f"truncated: {filled} of {len(out)} bytes")
+                filled += n
+            if os.read(fd, 1):
+                raise CorruptChunk(chunk, f"longer than the {len(out)} bytes expected")
+        finally:
+            os.close(fd)
+
+    def _put_object(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data, fsync=self.fsync)
+
+    def _get_object(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ManifestNotFound(f"{key} not found in {self.url}") from None
+
+    def _list(self, prefix: str) -> list[str]:
+        try:
+            names = os.listdir(self._path(prefix))
+        except FileNotFoundError:
+            return []
+        return [prefix + name for name in names if not name.startswith(".")]
+
+    def _list_dirs(self, prefix: str) -> list[str]:
+        try:
+            entries = list(os.scandir(self._path(prefix)))
+        except FileNotFoundError:
+            return []
+        return [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
+
+    def _delete(self, keys: list[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+
+    def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
+        for folder in os.scandir(self.root / "chunks"):
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder.path):
+                if entry.name.startswith("."):
+                    continue
+                st = entry.stat()
+                yield entry.name, st.st_size, st.st_mtime
+
+    def _remove_stale_temporaries(self, older_than_s: float) -> None:
+        now = time.time()
+        folders = [self.root / "chunks" / d for d in self._list_dirs("chunks/")]
+        folders += [self.root / "jobs" / job / "manifests" for job in self.jobs()]
+        for folder in folders:
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(folder):
+                    if _TMP_MARK in entry.name and now - entry.stat().st_mtime > older_than_s:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.path)

@@ -1,0 +1,263 @@
+"""A store in an S3 bucket under a prefix (AWS or any S3-compatible server).
+
+S3 makes an object visible only once its upload completed, so chunk and manifest writes are
+atomic by themselves; the manifest is still uploaded only after every chunk succeeded. Every
+request is retried with exponential back-off and jitter on connection errors, timeouts and 5xx
+answers, up to `retry_seconds`; past that the operation fails with StoreUnavailable and, since
+the manifest is written last, nothing half-done is ever committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions as bce
+import urllib3.exceptions
+from botocore.config import Config
+
+from .errors import CorruptChunk, ManifestNotFound, StoreError, StoreUnavailable
+from .store import DEFAULT_CHUNK_SIZE, Store
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRANSIENT = (
+    bce.ConnectionError,  # includes EndpointConnectionError, ConnectTimeoutError
+    bce.HTTPClientError,  # includes ConnectionClosedError, ReadTimeoutError, streaming errors
+    bce.IncompleteReadError,
+    urllib3.exceptions.HTTPError,
+    ConnectionError,
+    TimeoutError,
+)
+_TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "503"}
+_NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+_SESSION_LOCK = threading.Lock()
+_SESSIONS: list[boto3.session.Session] = []
+
+
+def _session() -> boto3.session.Session:
+    """One boto3 session per process: creating one loads its data files (~0.5 s); clients made
+    from it are independent (creation is serialised by _SESSION_LOCK, as boto3 requires)."""
+    if not _SESSIONS:
+        _SESSIONS.append(boto3.session.Session())
+    return _SESSIONS[0]
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, bce.ClientError):
+        error = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or error.get("Code") in _TRANSIENT_CODES
+    return isinstance(exc, _TRANSIENT)
+
+
+def _is_not_found(exc: bce.ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") in _NOT_FOUND_CODES
+
+
+class S3Store(Store):
+    """A store at `s3://bucket/prefix`; credentials come from the usual AWS environment."""
+
+    _cache_presence = True
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        retry_seconds: float = 60.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        workers: int = 16,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(chunk_size=chunk_size, workers=workers)
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint = endpoint
+        self.retry_seconds = retry_seconds
+        config = Config(
+            # One attempt per call: the back-off below is the only retry policy, so its budget
+            # is what the caller configured and not multiplied by botocore's own.
+            retries={"total_max_attempts": 1},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=workers + 4,
+            # S3-compatible servers differ in their support of the newer default checksums;
+            # every chunk is checked against its BLAKE3 name on read anyway.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": "path"} if endpoint else {},
+        )
+        with _SESSION_LOCK:
+            self._client = _session().client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+                config=config,
+            )
+
+    @property
+    def url(self) -> str:
+        """`s3://bucket/prefix`."""
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _retry(self, what: str, call: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return call()
+            except (bce.ClientError, *_TRANSIENT) as exc:
+                if not _is_transient(exc):
+                    raise
+                pause = delay * (0.5 + random.random())
+                if time.monotonic() + pause > deadline:
+                    raise StoreUnavailable(
+                        f"{self.url}: {what} failed after {attempt} attempts: {exc}"
+                    ) from exc
+                logger.info("%s: %s failed (%s); retrying in %.2fs", self.url, what, exc, pause)
+                time.sleep(pause)
+                delay = min(delay * 2, 5.0)
+
+    def _has_chunk(self, chunk: str) -> bool:
+        key = self._key(self.chunk_key(chunk))
+
+        def head() -> bool:
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=key)
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    return False
+                raise
+            return True
+
+        return self._retry(f"head {key}", head)
+
+    def _write_chunk(self, chunk: str, data: memoryview) -> None:
+        body = bytes(data)
+        key = self._key(self.chunk_key(chunk))
+        self._retry(
+            f"upload {key}",
+            lambda: self._client.put_object(Bucket=self.bucket, Key=key, Body=body),
+        )
+
+    def _sync_chunks(self, chunks: Iterable[str]) -> None:
+        # A completed PUT is durable in S3.
+        return
+
+    def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
+        key = self._key(self.chunk_key(chunk))
+        try:
+            data = self._get(key)
+        except ManifestNotFound:
+            raise CorruptChunk(chunk, "missing") from None
+        if len(data) != len(out):
+            raise CorruptChunk(chunk, f"{len(data)} bytes instead of {len(out)}")
+        out[:] = data
+
+    def _get(self, key: str) -> bytes:
+        def get() -> bytes:
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=key)
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    raise ManifestNotFound(f"{key} not found in {self.url}") from None
+                raise
+            # Reading the body is inside the retry: a connection dropped mid-body is retried.
+            return response["Body"].read()
+
+        return self._retry(f"download {key}", get)
+
+    def _put_object(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        self._retry(
+            f"upload {full}",
+            lambda: self._client.put_object(
+                Bucket=self.bucket, Key=full, Body=data, ContentType="application/json"
+            ),
+        )
+
+    def _get_object(self, key: str) -> bytes:
+        return self._get(self._key(key))
+
+    def _pages(self, prefix: str, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
+            if delimiter:
+                kwargs["Delimiter"] = delimiter
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._retry(
+                f"list {prefix}", lambda kwargs=kwargs: self._client.list_objects_v2(**kwargs)
+            )
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            token = page["NextContinuationToken"]
+
+    def _strip(self, key: str) -> str:
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
+    def _list(self, prefix: str) -> list[str]:
+        keys = []
+        for page in self._pages(prefix, "/"):
+            keys += [self._strip(obj["Key"]) for obj in page.get("Contents", [])]
+        return keys
+
+    def _list_dirs(self, prefix: str) -> list[str]:
+        names = []
+        for page in self._pages(prefix, "/"):
+            for common in page.get("CommonPrefixes", []):
+                names.append(self._strip(common["Prefix"])[len(prefix) :].strip("/"))
+        return names
+
+    def _delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+            response = self._retry(
+                "delete",
+                lambda batch=batch: self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+                ),
+            )
+            errors = [
+                e for e in response.get("Errors", []) if e.get("Code") not in _NOT_FOUND_CODES
+            ]
+            if errors:
+                first = errors[0]
+                raise StoreError(f"{self.url}: could not delete {first.get('Key')}: {first}")
+
+    def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
+        for page in self._pages("chunks/"):
+            for obj in page.get("Contents", []):
+                name = obj["Key"].rsplit("/", 1)[-1]
+                yield name, int(obj["Size"]), obj["LastModified"].timestamp()
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist (local S3 servers, tests, first start)."""
+        try:
+            self._retry("head bucket", lambda: self._client.head_bucket(Bucket=self.bucket))
+        except bce.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if not _is_not_found(exc) and code != "NoSuchBucket":
+                raise
+            self._retry("create bucket", lambda: self._client.create_bucket(Bucket=self.bucket))

@@ -1,0 +1,327 @@
+"""Turning a nested training state into tensors plus a JSON tree, and back.
+
+A state is any nesting of dicts (str or int keys), lists and tuples whose leaves are numpy arrays,
+torch tensors (when torch is installed), numpy scalars, bytes or JSON values. The tree keeps the
+shape of the nesting; every array becomes a named tensor whose raw bytes are chunked by the
+store. Small tensors (biases, RNG states, step counters) are packed into one shared byte range
+so a model with hundreds of tiny tensors does not become hundreds of tiny chunk files.
+
+torch is never imported here unless the caller already imported it: if `torch` is not in
+`sys.modules`, no value can be a torch tensor.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import StoreError
+from .manifest import ChunkList
+
+SMALL_TENSOR_BYTES = 256 * 1024
+_ALIGN = 64
+_NUMPY_KINDS = "biufc"
+
+
+def _torch() -> Any | None:
+    """The torch module if the process already imported it, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
+def _is_torch_tensor(value: object) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_frozen(arr: np.ndarray) -> bool:
+    """True if no array in `arr`'s base chain is writeable, so its bytes cannot change in place.
+
+    The SDK neither copies nor rehashes such arrays when they are the same object as at the
+    previous save: a frozen base model marked read-only costs nothing after its first save.
+    """
+    node: object = arr
+    while isinstance(node, np.ndarray):
+        if node.flags.writeable:
+            return False
+        node = node.base
+    return node is None or isinstance(node, bytes)
+
+
+@dataclass
+class TensorSource:
+    """One tensor to save: its description plus either its bytes or its already-known chunks."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    framework: str
+    nbytes: int
+    data: memoryview | None = None
+    known_chunks: ChunkList | None = None
+    frozen: np.ndarray | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest entry without its chunk list."""
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "framework": self.framework,
+            "nbytes": self.nbytes,
+        }
+
+
+class BufferPool:
+    """Snapshot buffers kept between saves: rewriting warm memory is about twice as fast as
+    faulting in fresh pages, and at most one persist is in flight so one set suffices."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, nbytes: int) -> np.ndarray:
+        """A uint8 buffer of `nbytes` for tensor `name`, reused when the size matches."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.nbytes != nbytes:
+            buf = np.empty(nbytes, dtype=np.uint8)
+            self._buffers[name] = buf
+        return buf
+
+    def keep_only(self, names: set[str]) -> None:
+        """Drop buffers of tensors that are gone from the state."""
+        for name in set(self._buffers) - names:
+            del self._buffers[name]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the pool."""
+        return sum(b.nbytes for b in self._buffers.values())
+
+
+class FrozenCache:
+    """Chunk lists of read-only numpy arrays from the previous save, keyed by object identity.
+
+    The array itself is kept so its id cannot be reused by another object.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[np.ndarray, ChunkList]] = {}
+
+    def lookup(self, arr: np.ndarray) -> ChunkList | None:
+        """The chunks of `arr` if it is the very array saved before and is still frozen."""
+        entry = self._entries.get(id(arr))
+        if entry is None or entry[0] is not arr or not is_frozen(arr):
+            return None
+        return entry[1]
+
+    def remember(self, arr: np.ndarray, chunks: ChunkList) -> None:
+        """Record the chunks a committed save found for the frozen array `arr`."""
+        self._entries[id(arr)] = (arr, list(chunks))
+
+    def keep_only(self, arrays: list[np.ndarray]) -> None:
+        """Forget arrays that were not part of the latest state."""
+        alive = {id(a) for a in arrays}
+        self._entries = {k: v for k, v in self._entries.items() if k in alive}
+
+    def clear(self) -> None:
+        """Forget everything (after gc, chunks may be gone)."""
+        self._entries.clear()
+
+
+@dataclass
+class Snapshot:
+    """A state captured for saving: the tree, large tensors and the pack of small ones."""
+
+    tree: dict[str, Any]
+    tensors: list[TensorSource]
+    small: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
+    pack: memoryview | None = None
+    bytes_total: int = 0
+
+    @classmethod
+    def capture(
+        cls,
+        state: object,
+        extra: object = None,
+        *,
+        copy: bool,
+        buffers: BufferPool | None = None,
+        frozen: FrozenCache | None = None,
+        small_limit: int = SMALL_TENSOR_BYTES,
+    ) -> Snapshot:
+        """Capture `state` and `extra`.
+
+        With `copy`, every tensor that may change is copied (into `buffers` when given) so the
+        caller may keep training while the snapshot is persisted; without it the snapshot
+        refers to the live memory and the caller must not modify it until the save returns.
+        """
+        encoder = _Encoder()
+        tree = {"state": encoder.encode(state, "state"), "extra": encoder.encode(extra, "extra")}
+        large: list[TensorSource] = []
+        small_entries: dict[str, tuple[dict[str, Any], int]] = {}
+        small_views: list[tuple[int, memoryview]] = []
+        offset = 0
+        frozen_seen: list[np.ndarray] = []
+        for name, value in encoder.tensors.items():
+            source, view, arr = _describe(name, value)
+            if arr is not None and is_frozen(arr):
+                frozen_seen.append(arr)
+            if source.nbytes <= small_limit:
+                small_entries[name] = (source.describe(), offset)
+                small_views.append((offset, view))
+                offset += -(-source.nbytes // _ALIGN) * _ALIGN
+                continue
+            known = frozen.lookup(arr) if (frozen is not None and arr is not None) else None
+            if arr is not None and is_frozen(arr):
+                # Frozen arrays cannot change while the persist runs: no copy needed, and no
+                # hashing either when it is the very array saved last time.
+                source.data = view
+                source.frozen = arr
+                source.known_chunks = known
+            elif copy:
+                buf = (
+                    buffers.get(name, source.nbytes)
+                    if buffers is not None
+                    else np.empty(source.nbytes, np.uint8)
+                )
+                np.copyto(buf, np.frombuffer(view, dtype=np.uint8))
+                source.data = memoryview(buf)
+            else:
+                source.data = view
+            large.append(source)
+        pack_buf: np.ndarray | None = None
+        if small_views:
+            pack_buf = (
+                buffers.get("\0pack", offset) if buffers is not None else np.empty(offset, np.uint8)
+            )
+            pack_buf[:] = 0  # alignment gaps must be deterministic or the pack never dedupes
+            for start, view in small_views:
+                pack_buf[start : start + len(view)] = np.frombuffer(view, dtype=np.uint8)
+        if buffers is not None:
+            buffers.keep_only({t.name for t in large} | {"\0pack"})
+        if frozen is not None:
+            frozen.keep_only(frozen_seen)
+        total = sum(t.nbytes for t in large) + sum(e[0]["nbytes"] for e in small_entries.values())
+        return cls(
+            tree=tree,
+            tensors=large,
+            small=small_entries,
+            pack=memoryview(pack_buf) if pack_buf is not None else None,
+            bytes_total=total,
+        )
+
+
+def _describe(name: str, value: Any) -> tuple[TensorSource, memoryview, np.ndarray | None]:
+    """The source description, a flat byte view and (for numpy) the array of one tensor."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in _NUMPY_KINDS:
+            raise StoreError(f"tensor {name} has dtype {value.dtype}, which cannot be saved")
+        arr = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        source = TensorSource(name, arr.dtype.str, tuple(arr.shape), "numpy", arr.nbytes)
+        return source, view, value if value is arr else None
+    tensor = value.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.resolve_conj().resolve_neg().contiguous()
+    torch = _torch()
+    assert torch is not None
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    nbytes = tensor.numel() * tensor.element_size()
+    source = TensorSource(name, str(tensor.dtype), tuple(tensor.shape), "torch", nbytes)
+    return source, memoryview(raw), None
+
+
+class _Encoder:
+    """Walks a nested object, replacing tensors by references and collecting them by name."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Any] = {}
+
+    def _name(self, path: str) -> str:
+        name, n = path, 1
+        while name in self.tensors:
+            n += 1
+            name = f"{path}#{n}"
+        return name
+
+    def encode(self, value: Any, path: str) -> Any:
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        if isinstance(value, np.ndarray) or _is_torch_tensor(value):
+            name = self._name(path)
+            self.tensors[name] = value
+            return {"$tensor": name}
+        if isinstance(value, np.generic):
+            name = self._name(path)
+            self.tensors[name] = np.asarray(value)
+            return {"$scalar": name}
+        if isinstance(value, dict):
+            items = []
+            for key, item in value.items():
+                if isinstance(key, bool) or not isinstance(key, str | int):
+                    raise StoreError(f"{path}: dict key {key!r} must be a str or an int")
+                items.append([key, self.encode(item, f"{path}/{key}")])
+            return {"$dict": items}
+        if isinstance(value, tuple):
+            return {"$tuple": [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, bytes | bytearray):
+            return {"$bytes": base64.b64encode(bytes(value)).decode()}
+        raise StoreError(f"{path}: cannot checkpoint a value of type {type(value).__name__}")
+
+
+def decode(node: Any, tensors: dict[str, Any]) -> Any:
+    """Rebuild a nested object from its tree node and the loaded tensors."""
+    if isinstance(node, list):
+        return [decode(v, tensors) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$tensor" in node:
+        return tensors[node["$tensor"]]
+    if "$scalar" in node:
+        return np.asarray(tensors[node["$scalar"]])[()]
+    if "$dict" in node:
+        return {key: decode(v, tensors) for key, v in node["$dict"]}
+    if "$tuple" in node:
+        return tuple(decode(v, tensors) for v in node["$tuple"])
+    if "$bytes" in node:
+        return base64.b64decode(node["$bytes"])
+    raise StoreError(f"unknown tree node {sorted(node)}")
+
+
+def materialise(entry: dict[str, Any], raw: np.ndarray) -> Any:
+    """Turn the raw bytes of one tensor back into a numpy array or a torch tensor."""
+    shape = tuple(entry["shape"])
+    dtype: str = entry["dtype"]
+    if entry.get("framework") == "torch":
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:
+            torch_dtype = getattr(torch, dtype.removeprefix("torch."))
+            return torch.from_numpy(raw).view(torch_dtype).reshape(shape)
+        numpy_dtype = _TORCH_TO_NUMPY.get(dtype)
+        if numpy_dtype is None:
+            raise StoreError(f"tensor of dtype {dtype} needs torch, which is not installed")
+        return raw.view(numpy_dtype).reshape(shape)
+    return raw.view(np.dtype(dtype)).reshape(shape)
+
+
+_TORCH_TO_NUMPY: dict[str, str] = {
+    "torch.float64": "<f8",
+    "torch.float32": "<f4",
+    "torch.float16": "<f2",
+    "torch.int64": "<i8",
+    "torch.int32": "<i4",
+    "torch.int16": "<i2",
+    "torch.int8": "|i1",
+    "torch.uint8": "|u1",
+    "torch.bool": "|b1",
+    "torch.complex64": "<c8",
+    "torch.complex128": "<c16",
+}

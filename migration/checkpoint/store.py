@@ -1,0 +1,659 @@
+"""The store interface: content-addressed chunks plus one manifest per checkpoint and rank.
+
+Subclasses provide a handful of object primitives (a local folder, S3); everything a caller
+uses - save, list, latest, load, verify, gc, copy, directory snapshots - is written once here
+on top of them, so both implementations behave the same by construction and pass one set of
+contract tests.
+
+Layout inside a store (a store URL is already a project's namespace):
+
+    chunks/<hh>/<digest>                                    content-addressed chunk
+    jobs/<job>/manifests/<step:012d>-<kind>-r<rank>.json    commit point of one checkpoint
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import CorruptChunk, CorruptManifest, ManifestNotFound, SaveCancelled, StoreError
+from .hashing import HASH_NAME, digest
+from .manifest import (
+    ChunkList,
+    Manifest,
+    ManifestRef,
+    check_job,
+    check_kind,
+    manifests_prefix,
+)
+from .snapshot import Snapshot, decode, materialise
+
+if TYPE_CHECKING:
+    from .directory import RestoreStats
+
+logger = logging.getLogger(__name__)
+
+# Chosen by measurement (docs/decisions/002-chunk-size.md).
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+# Chunks younger than this are never collected: a save in another process may be about to
+# reference them (its manifest is written after its chunks).
+DEFAULT_GC_GRACE_S = 600.0
+
+Cancel = Callable[[], bool]
+
+
+@dataclass
+class SaveResult:
+    """What a save committed."""
+
+    ref: ManifestRef
+    manifest: Manifest
+    bytes_total: int
+    bytes_new: int
+    chunks_total: int
+    chunks_new: int
+    seconds: float
+
+    @property
+    def key(self) -> str:
+        """The committed manifest's key."""
+        return self.ref.key
+
+
+@dataclass
+class CopyStats:
+    """What copying one checkpoint to another store moved and what it found already there."""
+
+    manifest: str = ""
+    chunks_copied: int = 0
+    bytes_copied: int = 0
+    chunks_skipped: int = 0
+    bytes_skipped: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class GcStats:
+    """What a garbage collection removed."""
+
+    manifests_removed: list[str] = field(default_factory=list)
+    chunks_removed: int = 0
+    bytes_removed: int = 0
+
+
+@dataclass
+class VerifyStats:
+    """What a verification read back."""
+
+    chunks: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its manifest, the nested state and the extra state."""
+
+    ref: ManifestRef
+    manifest: Manifest
+    state: Any
+    extra: Any
+
+    @property
+    def step(self) -> int:
+        """The step the checkpoint was taken at."""
+        return self.manifest.step
+
+
+class Store(ABC):
+    """A checkpoint store. Use `open_store(url)` rather than a subclass directly."""
+
+    #: Whether a chunk known to exist may be assumed to still exist without asking the backend
+    #: (saves a round trip per chunk on S3; a local stat is cheaper than the bookkeeping).
+    _cache_presence = False
+
+    def __init__(self, *, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int = 4) -> None:
+        if chunk_size < 4096:
+            raise StoreError("chunk_size must be at least 4096 bytes")
+        self.chunk_size = chunk_size
+        self.workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._present: set[str] = set()
+
+    # ---- primitives a backend provides ------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The URL this store was opened from."""
+
+    @abstractmethod
+    def _has_chunk(self, chunk: str) -> bool:
+        """True if the chunk exists (and, where cheap, refresh its age for gc's grace period)."""
+
+    @abstractmethod
+    def _write_chunk(self, chunk: str, data: memoryview) -> None:
+        """Store one chunk atomically: it is either absent or complete (not yet synced)."""
+
+    @abstractmethod
+    def _sync_chunks(self, chunks: Iterable[str]) -> None:
+        """Make the chunks written so far durable (called before their manifest is written)."""
+
+    @abstractmethod
+    def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
+        """Fill `out` with the chunk; raise CorruptChunk when it is missing or not len(out)."""
+
+    @abstractmethod
+    def _put_object(self, key: str, data: bytes) -> None:
+        """Write a small object atomically and durably (manifests)."""
+
+    @abstractmethod
+    def _get_object(self, key: str) -> bytes:
+        """Read a small object; raise ManifestNotFound when it does not exist."""
+
+    @abstractmethod
+    def _list(self, prefix: str) -> list[str]:
+        """Keys of the objects directly under `prefix` (which ends in '/')."""
+
+    @abstractmethod
+    def _list_dirs(self, prefix: str) -> list[str]:
+        """Names of the sub-folders directly under `prefix`."""
+
+    @abstractmethod
+    def _delete(self, keys: list[str]) -> None:
+        """Delete objects; a key that is already gone is not an error."""
+
+    @abstractmethod
+    def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
+        """Every chunk in the store as (digest, size, modified at as a POSIX time)."""
+
+    def _remove_stale_temporaries(self, older_than_s: float) -> None:  # noqa: B027
+        """Remove temporaries left by crashed writers (backends that have them override this)."""
+
+    # ---- shared machinery -------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="baton-store")
+            return self._pool
+
+    def close(self) -> None:
+        """Release the worker threads (the store may still be used; they are recreated)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+    @staticmethod
+    def chunk_key(chunk: str) -> str:
+        """The key of a chunk: fanned out by its first two hex digits."""
+        return f"chunks/{chunk[:2]}/{chunk}"
+
+    def _chunk_present(self, chunk: str) -> bool:
+        if self._cache_presence and chunk in self._present:
+            return True
+        if self._has_chunk(chunk):
+            self._present.add(chunk)
+            return True
+        return False
+
+    def _read_checked(self, chunk: str, out: memoryview, where: str, check: bool = True) -> None:
+        self._read_chunk_into(chunk, out)
+        if check and digest(out) != chunk:
+            raise CorruptChunk(chunk, "content does not match its hash", where)
+
+    def _run_all(self, futures: list[Future[Any]], abort: threading.Event | None = None) -> None:
+        """Wait for the futures; on the first failure stop the rest, then re-raise it."""
+        _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
+        if not_done:
+            if abort is not None:
+                abort.set()
+            for future in not_done:
+                future.cancel()
+            wait(not_done)
+        errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]
+        # The cause, not the tasks that stopped because of it.
+        errors.sort(key=lambda e: isinstance(e, SaveCancelled))
+        if errors:
+            raise errors[0]
+
+    # ---- saving -----------------------------------------------------------------------------
+
+    def save(
+        self,
+        job: str,
+        step: int,
+        state: object,
+        *,
+        kind: str = "periodic",
+        extra: object = None,
+        rank: int = 0,
+        world_size: int = 1,
+        parent: ManifestRef | str | None = None,
+        validation_reference: float | None = None,
+        meta: dict[str, Any] | None = None,
+        verify: bool = False,
+    ) -> SaveResult:
+        """Save a nested state of numpy arrays / torch tensors synchronously and commit it.
+
+        The caller must not modify the arrays until this returns (they are read in place).
+        """
+        snapshot = Snapshot.capture(state, extra, copy=False)
+        return self.commit(
+            job,
+            step,
+            snapshot,
+            kind=kind,
+            rank=rank,
+            world_size=world_size,
+            parent=parent,
+            validation_reference=validation_reference,
+            meta=meta,
+            verify=verify,
+        )
+
+    def commit(
+        self,
+        job: str,
+        step: int,
+        snapshot: Snapshot,
+        *,
+        kind: str = "periodic",
+        rank: int = 0,
+        world_size: int = 1,
+        parent: ManifestRef | str | None = None,
+        validation_reference: float | None = None,
+        meta: dict[str, Any] | None = None,
+        verify: bool = False,
+        cancel: Cancel | None = None,
+    ) -> SaveResult:
+        """Persist a captured snapshot: missing chunks first, then the manifest (the commit).
+
+        `verify` reads every new chunk back before committing. `cancel` is polled between
+        chunks; when it returns True the save stops with SaveCancelled and commits nothing.
+        """
+        started = time.perf_counter()
+        ref = ManifestRef(check_job(job), int(step), check_kind(kind), int(rank))
+        writer = _ChunkWriter(self, cancel)
+        pack_chunks = writer.add(snapshot.pack) if snapshot.pack is not None else None
+        tensor_chunks = [
+            writer.add(source.data, known=source.known_chunks) for source in snapshot.tensors
+        ]
+        writer.finish()
+        if verify:
+            self._verify_chunks(writer.new_chunks)
+        if cancel is not None and cancel():
+            raise SaveCancelled(f"save of {ref} cancelled before its manifest")
+        tensors: dict[str, dict[str, Any]] = {}
+        for source, handle in zip(snapshot.tensors, tensor_chunks, strict=True):
+            tensors[source.name] = {**source.describe(), "chunks": writer.result(handle)}
+        for name, (entry, offset) in snapshot.small.items():
+            tensors[name] = {**entry, "pack": offset}
+        pack = None
+        if pack_chunks is not None and snapshot.pack is not None:
+            pack = {"nbytes": len(snapshot.pack), "chunks": writer.result(pack_chunks)}
+        manifest = Manifest(
+            job=ref.job,
+            step=ref.step,
+            kind=ref.kind,
+            rank=ref.rank,
+            world_size=int(world_size),
+            parent=str(parent) if parent else None,
+            chunk_size=self.chunk_size,
+            hash=HASH_NAME,
+            tensors=tensors,
+            pack=pack,
+            tree=snapshot.tree,
+            validation_reference=validation_reference,
+            bytes_total=snapshot.bytes_total,
+            bytes_new=writer.bytes_new,
+            chunks_total=writer.chunks_total,
+            chunks_new=len(writer.new_chunks),
+            meta=dict(meta or {}),
+        )
+        self._put_object(ref.key, manifest.to_json())
+        seconds = time.perf_counter() - started
+        logger.debug(
+            "committed %s: %d of %d bytes new in %.3fs",
+            ref,
+            manifest.bytes_new,
+            manifest.bytes_total,
+            seconds,
+        )
+        return SaveResult(
+            ref,
+            manifest,
+            manifest.bytes_total,
+            manifest.bytes_new,
+            manifest.chunks_total,
+            manifest.chunks_new,
+            seconds,
+        )
+
+    def _verify_chunks(self, chunks: dict[str, int]) -> None:
+        def check(chunk: str, size: int) -> None:
+            buf = bytearray(size)
+            self._read_checked(chunk, memoryview(buf), "verification pass")
+
+        pool = self._executor()
+        self._run_all([pool.submit(check, c, s) for c, s in chunks.items()])
+
+    # ---- listing and loading ----------------------------------------------------------------
+
+    def list(self, job: str, rank: int | None = None) -> list[ManifestRef]:
+        """Committed checkpoints of `job` (of one rank, or all), ascending by step."""
+        refs = []
+        for key in self._list(manifests_prefix(job)):
+            ref = ManifestRef.from_name(job, key.rsplit("/", 1)[-1])
+            if ref is not None and (rank is None or ref.rank == rank):
+                refs.append(ref)
+        return sorted(refs, key=lambda r: r.sort_key)
+
+    def latest(self, job: str, rank: int | None = None) -> ManifestRef | None:
+        """The newest committed checkpoint of `job` (of one rank, or any), or None."""
+        refs = self.list(job, rank)
+        return refs[-1] if refs else None
+
+    def latest_complete(self, job: str, world_size: int) -> ManifestRef | None:
+        """Rank 0's ref of the newest step and kind that every rank of the gang committed."""
+        by_point: dict[tuple[int, str], set[int]] = {}
+        for ref in self.list(job):
+            by_point.setdefault((ref.step, ref.kind), set()).add(ref.rank)
+        complete = [
+            ManifestRef(job, step, kind, 0)
+            for (step, kind), ranks in by_point.items()
+            if ranks >= set(range(world_size))
+        ]
+        return max(complete, key=lambda r: r.sort_key) if complete else None
+
+    def jobs(self) -> list[str]:
+        """Every job that has a folder in this store."""
+        return sorted(self._list_dirs("jobs/"))
+
+    def load_manifest(self, ref: ManifestRef | str) -> Manifest:
+        """Read and check one manifest."""
+        ref = ManifestRef.parse(ref)
+        manifest = Manifest.from_json(ref.key, self._get_object(ref.key))
+        if manifest.ref != ref:
+            raise CorruptManifest(ref.key, f"it describes {manifest.ref}")
+        return manifest
+
+    def load(self, ref: ManifestRef | str, *, check: bool = True) -> Checkpoint:
+        """Load a checkpoint: every tensor (hash-checked unless `check` is False) and the tree."""
+        ref = ManifestRef.parse(ref)
+        manifest = self.load_manifest(ref)
+        if manifest.tree is None:
+            raise StoreError(f"{ref} is a directory checkpoint; use restore_directory")
+        futures: list[Future[None]] = []
+        raws: dict[str, np.ndarray] = {}
+        pool = self._executor()
+
+        def read_into(buf: np.ndarray, chunk_list: ChunkList, where: str) -> None:
+            offset = 0
+            for chunk, size in chunk_list:
+                view = memoryview(buf)[offset : offset + size]
+                futures.append(pool.submit(self._read_checked, chunk, view, where, check))
+                offset += size
+            if offset != buf.nbytes:
+                raise CorruptManifest(ref.key, f"{where}: chunks hold {offset} of {buf.nbytes}")
+
+        pack = np.empty(0, np.uint8)
+        if manifest.pack:
+            pack = np.empty(manifest.pack["nbytes"], np.uint8)
+            read_into(pack, manifest.pack["chunks"], "pack")
+        for name, entry in manifest.tensors.items():
+            if "chunks" in entry:
+                raws[name] = np.empty(entry["nbytes"], np.uint8)
+                read_into(raws[name], entry["chunks"], f"tensor {name}")
+        self._run_all(futures)
+        tensors: dict[str, Any] = {}
+        for name, entry in manifest.tensors.items():
+            if "pack" in entry:
+                start = entry["pack"]
+                raw = pack[start : start + entry["nbytes"]].copy()
+            else:
+                raw = raws[name]
+            tensors[name] = materialise(entry, raw)
+        state = decode(manifest.tree.get("state"), tensors)
+        extra = decode(manifest.tree.get("extra"), tensors)
+        return Checkpoint(ref, manifest, state, extra)
+
+    # ---- integrity, retention, replication --------------------------------------------------
+
+    def verify(self, ref: ManifestRef | str) -> VerifyStats:
+        """Read back every chunk of a checkpoint; raise CorruptChunk naming the first bad one."""
+        ref = ManifestRef.parse(ref)
+        manifest = self.load_manifest(ref)
+        pool = self._executor()
+        futures: list[Future[None]] = []
+        seen: set[str] = set()
+        stats = VerifyStats()
+        for where, chunk_list in manifest.chunk_lists():
+            for chunk, size in chunk_list:
+                if chunk in seen:
+                    continue
+                seen.add(chunk)
+                stats.chunks += 1
+                stats.bytes += size
+
+                def check(chunk: str = chunk, size: int = size, where: str = where) -> None:
+                    self._read_checked(chunk, memoryview(bytearray(size)), where)
+
+                futures.append(pool.submit(check))
+        self._run_all(futures)
+        return stats
+
+    def gc(self, job: str, keep: int, *, grace_s: float = DEFAULT_GC_GRACE_S) -> GcStats:
+        """Keep the newest `keep` checkpoints of each rank of `job`; remove unreferenced chunks.
+
+        A chunk is removed only if no remaining manifest of any job in this store references it
+        and it is older than `grace_s` (a save elsewhere may be about to reference it).
+        """
+        if keep < 0:
+            raise StoreError("keep must be >= 0")
+        stats = GcStats()
+        by_rank: dict[int, list[ManifestRef]] = {}
+        for ref in self.list(job):
+            by_rank.setdefault(ref.rank, []).append(ref)
+        doomed = [ref for refs in by_rank.values() for ref in refs[: max(len(refs) - keep, 0)]]
+        self._delete([ref.key for ref in doomed])
+        stats.manifests_removed = [ref.key for ref in doomed]
+        referenced: set[str] = set()
+        for other_job in self.jobs():
+            for ref in self.list(other_job):
+                try:
+                    referenced.update(self.load_manifest(ref).chunks())
+                except (CorruptManifest, ManifestNotFound) as exc:
+                    # Its chunks are unknown; they may be swept. Say so rather than stop.
+                    logger.warning("gc: skipping unreadable manifest %s: %s", ref, exc)
+        now = time.time()
+        sweep: list[str] = []
+        for chunk, size, modified in self._iter_chunks():
+            if chunk not in referenced and now - modified >= grace_s:
+                sweep.append(self.chunk_key(chunk))
+                stats.chunks_removed += 1
+                stats.bytes_removed += size
+        self._delete(sweep)
+        self._present.clear()
+        self._remove_stale_temporaries(max(grace_s, 60.0))
+        logger.info(
+            "gc %s: removed %d manifests and %d chunks (%d bytes)",
+            job,
+            len(doomed),
+            stats.chunks_removed,
+            stats.bytes_removed,
+        )
+        return stats
+
+    def copy(self, ref: ManifestRef | str, target: Store) -> CopyStats:
+        """Copy one checkpoint to `target`: only the chunks it lacks, then the manifest.
+
+        Chunks are hash-checked on the way, so a corrupt source never produces a replica.
+        """
+        started = time.perf_counter()
+        ref = ManifestRef.parse(ref)
+        raw = self._get_object(ref.key)
+        manifest = Manifest.from_json(ref.key, raw)
+        stats = CopyStats(manifest=ref.key)
+        lock = threading.Lock()
+        copied: list[str] = []
+
+        def copy_one(chunk: str, size: int) -> None:
+            if target._chunk_present(chunk):
+                with lock:
+                    stats.chunks_skipped += 1
+                    stats.bytes_skipped += size
+                return
+            buf = memoryview(bytearray(size))
+            self._read_checked(chunk, buf, f"copy of {ref.key}")
+            target._write_chunk(chunk, buf)
+            target._present.add(chunk)
+            with lock:
+                stats.chunks_copied += 1
+                stats.bytes_copied += size
+                copied.append(chunk)
+
+        pool = self._executor()
+        self._run_all([pool.submit(copy_one, c, s) for c, s in manifest.chunks().items()])
+        target._sync_chunks(copied)
+        target._put_object(ref.key, raw)
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    # ---- directory mode ---------------------------------------------------------------------
+
+    def save_directory(
+        self,
+        job: str,
+        path: str | Path,
+        step: int,
+        kind: str = "periodic",
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        parent: ManifestRef | str | None = None,
+        validation_reference: float | None = None,
+        meta: dict[str, Any] | None = None,
+        cancel: Cancel | None = None,
+    ) -> SaveResult:
+        """Snapshot a folder's files as a checkpoint (incremental: unchanged data is not sent).
+
+        Files whose size and modification time match the parent manifest (default: the latest
+        of this job and rank) are not even read.
+        """
+        from .directory import save_directory
+
+        return save_directory(
+            self,
+            job,
+            Path(path),
+            step,
+            kind,
+            rank=rank,
+            world_size=world_size,
+            parent=parent,
+            validation_reference=validation_reference,
+            meta=meta,
+            cancel=cancel,
+        )
+
+    def restore_directory(
+        self, ref: ManifestRef | str, path: str | Path, *, clean: bool = True
+    ) -> RestoreStats:
+        """Make folder `path` hold exactly the files of a directory checkpoint.
+
+        Files already there with the right content are kept; with `clean`, files and folders
+        the checkpoint does not have are removed.
+        """
+        from .directory import restore_directory
+
+        return restore_directory(self, ManifestRef.parse(ref), Path(path), clean=clean)
+
+
+class _ChunkWriter:
+    """Hashes, deduplicates and writes the chunks of one save on the store's worker threads."""
+
+    def __init__(self, store: Store, cancel: Cancel | None) -> None:
+        self.store = store
+        self.cancel = cancel
+        self.abort = threading.Event()
+        self.lock = threading.Lock()
+        self.claimed: set[str] = set()
+        self.new_chunks: dict[str, int] = {}
+        self.bytes_new = 0
+        self.chunks_total = 0
+        self.futures: list[Future[tuple[str, int]]] = []
+
+    def add(self, data: memoryview | None, known: ChunkList | None = None) -> tuple[int, int]:
+        """Queue one byte range; returns a handle for `result`.
+
+        `known` (the chunks this very data had at the previous save) skips hashing; the data is
+        still needed in case a chunk has been collected since.
+        """
+        if data is None:
+            raise StoreError("a tensor source without data cannot be saved")
+        first = len(self.futures)
+        pool = self.store._executor()
+        size = self.store.chunk_size
+        if known is not None:
+            offset = 0
+            for chunk, length in known:
+                self.futures.append(pool.submit(self._store, data[offset : offset + length], chunk))
+                offset += length
+        else:
+            for offset in range(0, len(data), size):
+                self.futures.append(pool.submit(self._store, data[offset : offset + size], None))
+        return first, len(self.futures)
+
+    def _store(self, view: memoryview, known: str | None) -> tuple[str, int]:
+        if self.abort.is_set():
+            raise SaveCancelled("save aborted")
+        if self.cancel is not None and self.cancel():
+            self.abort.set()
+            raise SaveCancelled("save cancelled")
+        chunk = known if known is not None else digest(view)
+        with self.lock:
+            self.chunks_total += 1
+            if chunk in self.claimed:
+                return chunk, len(view)
+            self.claimed.add(chunk)
+        if not self.store._chunk_present(chunk):
+            self.store._write_chunk(chunk, view)
+            self.store._present.add(chunk)
+            with self.lock:
+                self.new_chunks[chunk] = len(view)
+                self.bytes_new += len(view)
+        return chunk, len(view)
+
+    def finish(self) -> None:
+        """Wait for every queued chunk, then make the new ones durable."""
+        try:
+            self.store._run_all(list(self.futures), self.abort)
+        except BaseException:
+            self.abort.set()
+            raise
+        self.store._sync_chunks(self.new_chunks)
+
+    def result(self, handle: tuple[int, int]) -> ChunkList:
+        """The chunk list of a byte range queued with `add`."""
+        first, last = handle
+        return [f.result() for f in self.futures[first:last]]

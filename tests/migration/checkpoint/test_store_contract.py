@@ -1,0 +1,322 @@
+"""The store contract: every test runs against the local folder store and the S3 store."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from migration.checkpoint import (
+    CorruptChunk,
+    CorruptManifest,
+    ManifestNotFound,
+    ManifestRef,
+    SaveCancelled,
+    Store,
+)
+from migration.checkpoint.snapshot import Snapshot
+
+CHUNK = 1024 * 1024
+
+
+def make_state(seed: int = 0, mib: float = 3.0) -> dict[str, object]:
+    """A nested training-like state: one large tensor, small ones, optimizer with int keys."""
+    rng = np.random.default_rng(seed)
+    big = rng.standard_normal(int(mib * 1024 * 1024 / 4), dtype=np.float32)
+    return {
+        "model": {"w": big.reshape(-1, 256), "b": rng.standard_normal(256).astype(np.float32)},
+        "optimizer": {
+            "state": {0: {"m": np.zeros(256, np.float64), "step": np.int64(7)}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0, 1]}],
+        },
+        "scheduler": {"last_epoch": 3, "name": "cosine"},
+        "step": 12,
+        "flags": np.array([True, False]),
+        "blob": b"\x00\x01opaque",
+        "empty": np.zeros((0, 4), np.int32),
+    }
+
+
+def flip_byte(store: Store, chunk: str, size: int, offset: int = 17) -> None:
+    """Damage one stored chunk in place: one byte flipped, same name, same size."""
+    buf = bytearray(size)
+    store._read_chunk_into(chunk, memoryview(buf))
+    buf[offset] ^= 0xFF
+    store._write_chunk(chunk, memoryview(buf))
+
+
+def assert_same_state(a: object, b: object) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b)
+        for key in a:
+            assert_same_state(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same_state(x, y)
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a, b)
+    elif isinstance(a, np.generic):
+        assert type(a) is type(b) and a == b
+    else:
+        assert type(a) is type(b) and a == b
+
+
+def test_a_saved_state_loads_back_identical(store: Store) -> None:
+    state = make_state()
+    extra = {"rng": np.random.RandomState(3).get_state(), "loader_offset": 12}
+    result = store.save("job-1", 12, state, extra=extra, validation_reference=0.25)
+    loaded = store.load(result.ref)
+    assert_same_state(state, loaded.state)
+    assert_same_state(extra, loaded.extra)
+    assert loaded.step == 12
+
+
+def test_the_manifest_records_what_a_restore_and_the_portal_need(store: Store) -> None:
+    first = store.save("job-1", 5, make_state(), kind="periodic", world_size=2, rank=1)
+    second = store.save(
+        "job-1",
+        9,
+        make_state(),
+        kind="emergency",
+        parent=first.ref,
+        rank=1,
+        world_size=2,
+        validation_reference=0.5,
+        extra={"rng": (3, [1, 2], None)},
+        meta={"note": "x"},
+    )
+    manifest = store.load_manifest(second.ref)
+    assert manifest.format == 1
+    assert (manifest.job, manifest.step, manifest.kind) == ("job-1", 9, "emergency")
+    assert (manifest.rank, manifest.world_size) == (1, 2)
+    assert manifest.parent == first.ref.key
+    assert manifest.validation_reference == 0.5
+    assert manifest.meta == {"note": "x"}
+    assert manifest.created.tzinfo is not None
+    assert abs((datetime.now(UTC) - manifest.created).total_seconds()) < 60
+    w = manifest.tensors["state/model/w"]
+    assert (w["dtype"], w["shape"]) == ("<f4", [3 * 1024, 256])
+    assert [size for _, size in w["chunks"]] == [store.chunk_size] * 3
+    assert manifest.tensors["state/model/b"]["pack"] >= 0
+    assert manifest.bytes_total == second.bytes_total > 3 * 1024 * 1024
+    assert second.ref.key == "jobs/job-1/manifests/000000000009-emergency-r1.json"
+
+
+def test_list_is_ascending_and_latest_is_the_newest_commit(store: Store) -> None:
+    assert store.list("job-1") == []
+    assert store.latest("job-1") is None
+    for step in (30, 10, 20):
+        store.save("job-1", step, {"x": np.arange(step)})
+    store.save("job-1", 20, {"x": np.arange(20)}, kind="emergency")
+    store.save("job-2", 99, {"x": np.arange(3)})
+    steps = [(r.step, r.kind) for r in store.list("job-1")]
+    assert steps == [(10, "periodic"), (20, "periodic"), (20, "emergency"), (30, "periodic")]
+    assert store.latest("job-1") == ManifestRef("job-1", 30, "periodic", 0)
+    assert store.jobs() == ["job-1", "job-2"]
+
+
+def test_latest_ignores_a_checkpoint_cut_off_before_its_manifest(store: Store) -> None:
+    store.save("job-1", 1, make_state(0))
+    calls = 0
+
+    def cancel_half_way() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 2
+
+    snapshot = Snapshot.capture(make_state(1), copy=False)
+    with pytest.raises(SaveCancelled):
+        store.commit("job-1", 2, snapshot, cancel=cancel_half_way)
+    assert [r.step for r in store.list("job-1")] == [1]
+    assert store.latest("job-1") == ManifestRef("job-1", 1, "periodic", 0)
+    store.verify(store.latest("job-1"))
+
+
+def test_an_unchanged_tensor_is_not_written_again(store: Store) -> None:
+    state = make_state(0, mib=4)
+    first = store.save("job-1", 1, state)
+    assert first.bytes_new >= 4 * 1024 * 1024
+    state["model"]["b"] = state["model"]["b"] + 1  # only a small tensor changes
+    second = store.save("job-1", 2, state)
+    assert second.bytes_new < 64 * 1024
+    assert second.bytes_total == first.bytes_total
+    w = state["model"]["w"]
+    w[:1] += 1  # touches the first chunk of the large tensor only
+    third = store.save("job-1", 3, state)
+    assert store.chunk_size <= third.bytes_new < store.chunk_size + 64 * 1024
+    assert_same_state(state, store.load(third.ref).state)
+
+
+def test_verify_names_a_chunk_with_a_flipped_byte(store: Store) -> None:
+    result = store.save("job-1", 1, make_state())
+    assert store.verify(result.ref).chunks == result.chunks_total
+    chunk, size = result.manifest.tensors["state/model/w"]["chunks"][1]
+    flip_byte(store, chunk, size)
+    with pytest.raises(CorruptChunk) as caught:
+        store.verify(result.ref)
+    assert caught.value.chunk == chunk
+    assert chunk in str(caught.value) and "state/model/w" in str(caught.value)
+    with pytest.raises(CorruptChunk):
+        store.load(result.ref)
+
+
+def test_verify_names_a_missing_chunk(store: Store) -> None:
+    result = store.save("job-1", 1, make_state())
+    chunk, _ = result.manifest.tensors["state/model/w"]["chunks"][2]
+    store._delete([store.chunk_key(chunk)])
+    with pytest.raises(CorruptChunk, match="missing") as caught:
+        store.verify(result.ref)
+    assert caught.value.chunk == chunk
+
+
+def test_a_damaged_manifest_is_reported_not_loaded(store: Store) -> None:
+    result = store.save("job-1", 1, make_state())
+    body = json.loads(store._get_object(result.ref.key))
+    body["step"] = 2
+    store._put_object(result.ref.key, json.dumps(body).encode())
+    with pytest.raises(CorruptManifest, match="checksum"):
+        store.load_manifest(result.ref)
+    with pytest.raises(ManifestNotFound):
+        store.load_manifest(ManifestRef("job-1", 7, "final", 0))
+
+
+def test_gc_keeps_the_newest_and_only_chunks_still_referenced(store: Store) -> None:
+    shared = np.full(CHUNK // 8, 3.0)
+    for step in range(1, 5):
+        store.save("job-1", step, {"shared": shared, "own": np.full(CHUNK // 8, float(step))})
+    store.save("job-2", 1, {"shared": shared, "own": np.full(CHUNK // 8, 1.0)})
+    before = {c for c, _, _ in store._iter_chunks()}
+    stats = store.gc("job-1", keep=2, grace_s=0)
+    assert [r.step for r in store.list("job-1")] == [3, 4]
+    assert len(stats.manifests_removed) == 2
+    after = {c for c, _, _ in store._iter_chunks()}
+    # Steps 1 and 2 owned one chunk each; step 1's content is still used by job-2.
+    assert len(before - after) == stats.chunks_removed == 1
+    for ref in store.list("job-1") + store.list("job-2"):
+        store.verify(ref)
+
+
+def test_gc_spares_unreferenced_chunks_younger_than_its_grace_period(store: Store) -> None:
+    for step in range(1, 4):
+        store.save("job-1", step, {"own": np.full(CHUNK // 8, float(step))})
+    stats = store.gc("job-1", keep=1, grace_s=3600)
+    assert len(stats.manifests_removed) == 2
+    assert stats.chunks_removed == 0
+
+
+def test_copy_sends_only_the_chunks_the_target_lacks(store: Store, other_store: Store) -> None:
+    state = make_state(0, mib=4)
+    first = store.save("job-1", 1, state)
+    stats = store.copy(first.ref, other_store)
+    assert stats.chunks_copied == first.chunks_total and stats.chunks_skipped == 0
+    assert stats.bytes_copied == sum(first.manifest.chunks().values())
+    state["model"]["w"][:1] = 0.0
+    second = store.save("job-1", 2, state)
+    stats = store.copy(second.ref, other_store)
+    # The changed chunk of the large tensor, and the pack of small tensors (unchanged here).
+    assert stats.chunks_copied == 1 and stats.bytes_copied == store.chunk_size
+    assert stats.chunks_skipped == second.chunks_total - 1
+    assert other_store.latest("job-1") == second.ref
+    other_store.verify(second.ref)
+    assert_same_state(state, other_store.load(second.ref).state)
+    again = store.copy(second.ref, other_store)
+    assert again.chunks_copied == 0 and again.bytes_copied == 0
+
+
+def test_copy_refuses_to_replicate_a_corrupt_chunk(store: Store, other_store: Store) -> None:
+    result = store.save("job-1", 1, make_state())
+    chunk, size = result.manifest.tensors["state/model/w"]["chunks"][0]
+    flip_byte(store, chunk, size)
+    with pytest.raises(CorruptChunk):
+        store.copy(result.ref, other_store)
+    assert other_store.latest("job-1") is None
+
+
+def test_latest_complete_waits_for_every_rank_of_the_gang(store: Store) -> None:
+    for rank in (0, 1):
+        store.save("job-1", 10, {"x": np.arange(3)}, rank=rank, world_size=2)
+    store.save("job-1", 20, {"x": np.arange(3)}, rank=0, world_size=2)
+    assert store.latest("job-1").step == 20
+    assert store.latest_complete("job-1", 2) == ManifestRef("job-1", 10, "periodic", 0)
+
+
+def write_tree(root: Path) -> None:
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "model.bin").write_bytes(np.random.default_rng(0).bytes(3 * CHUNK + 123))
+    (root / "sub" / "opt.bin").write_bytes(b"optimizer" * 1000)
+    (root / "sub" / "deeper" / "tiny.txt").write_text("step=3\n")
+    (root / "sub" / "deeper" / "zero").write_bytes(b"")
+    os.chmod(root / "sub" / "opt.bin", 0o600)
+    os.symlink("model.bin", root / "latest")
+
+
+def test_a_directory_restores_identical(store: Store, tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    write_tree(src)
+    result = store.save_directory("job-d", src, 3, "periodic")
+    assert result.bytes_total == 3 * CHUNK + 123 + 9000 + 7
+    store.verify(result.ref)
+    dst.mkdir()
+    (dst / "stale.ckpt").write_text("from a previous life")
+    stats = store.restore_directory(result.ref, dst)
+    assert stats.removed == 1 and not (dst / "stale.ckpt").exists()
+    for rel in ("model.bin", "sub/opt.bin", "sub/deeper/tiny.txt", "sub/deeper/zero"):
+        assert (dst / rel).read_bytes() == (src / rel).read_bytes()
+        assert (dst / rel).stat().st_mtime_ns == (src / rel).stat().st_mtime_ns
+    assert (dst / "sub" / "opt.bin").stat().st_mode & 0o777 == 0o600
+    assert (dst / "empty").is_dir()
+    assert os.readlink(dst / "latest") == "model.bin"
+    again = store.restore_directory(result.ref, dst)
+    assert again.files_written == 0 and again.files_unchanged == 5
+
+
+def test_a_directory_snapshot_uploads_only_what_changed(store: Store, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_tree(src)
+    old = time.time() - 60  # old enough to be trusted by size and modification time
+    for path in src.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, (old, old))
+    first = store.save_directory("job-d", src, 1, "periodic")
+    second = store.save_directory("job-d", src, 2, "periodic")
+    assert second.bytes_new == 0
+    assert second.manifest.parent == first.ref.key
+    with open(src / "model.bin", "ab") as f:  # a log-like file that only grows
+        f.write(b"x" * CHUNK)
+    (src / "new.bin").write_bytes(b"n" * 1000)
+    third = store.save_directory("job-d", src, 3, "emergency")
+    # The old tail chunk grew and a new chunk follows it; the rest of model.bin is reused.
+    assert third.bytes_new <= 2 * CHUNK + 1000 + 123
+    assert third.bytes_new < third.bytes_total / 2
+    dst = tmp_path / "dst"
+    store.restore_directory(third.ref, dst)
+    assert (dst / "model.bin").read_bytes() == (src / "model.bin").read_bytes()
+    assert (dst / "new.bin").read_bytes() == b"n" * 1000
+
+
+def test_a_directory_restore_fails_on_a_corrupt_chunk_and_leaves_no_half_file(
+    store: Store, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_tree(src)
+    result = store.save_directory("job-d", src, 1, "periodic")
+    chunk, size = result.manifest.files["model.bin"]["chunks"][1]
+    flip_byte(store, chunk, size)
+    dst = tmp_path / "dst"
+    with pytest.raises(CorruptChunk) as caught:
+        store.restore_directory(result.ref, dst)
+    assert caught.value.chunk == chunk
+    assert not (dst / "model.bin").exists()
+    assert [p.name for p in dst.iterdir() if p.name.startswith(".baton-tmp-")] == []
