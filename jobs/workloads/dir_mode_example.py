@@ -1,10 +1,11 @@
 """A plain training script for directory mode: it knows nothing of Baton.
 
-It trains a small numpy MLP on synthetic data, writes its own checkpoint (`state.npz`, the
-whole state, plus `state.json`, a small human-readable summary) into `--checkpoint-dir` every
-K steps and when it gets SIGTERM, and resumes with `--resume-from-checkpoint DIR` like many
-training scripts do. Under the agent the command passes `{checkpoint_dir}` to both flags; the
-agent syncs that folder to the store and puts the checkpoint to resume from back in place.
+It trains a small numpy MLP on synthetic data, writes its own checkpoint into
+`--checkpoint-dir` every K steps and when it gets SIGTERM (`state.npz`, the trained state;
+`frozen.npy`, the padding that never changes; `state.json`, a small human-readable summary),
+and resumes with `--resume-from-checkpoint DIR` like many training scripts do. Under the
+agent the command passes `{checkpoint_dir}` to both flags; the agent syncs that folder to the
+store and puts the checkpoint to resume from back in place.
 
     python -m jobs.workloads.dir_mode_example --steps 400 --seed 1 \\
         --checkpoint-dir ckpt --resume-from-checkpoint ckpt
@@ -36,6 +37,7 @@ import numpy as np  # noqa: E402
 
 STATE_FILE = "state.npz"
 SUMMARY_FILE = "state.json"
+FROZEN_FILE = "frozen.npy"
 INPUTS, HIDDEN, BATCH = 16, 32, 64
 LR, MOMENTUM = 0.05, 0.9
 WEIGHTS = ("w1", "b1", "w2", "b2")
@@ -121,11 +123,18 @@ def _write_atomically(path: Path, write: object) -> None:
 def save_checkpoint(
     folder: Path, state: dict[str, np.ndarray], step: int, seed: int, val_loss: float
 ) -> None:
-    """Write the state, then the summary, each atomically (a reader sees old or new, whole)."""
+    """Write the state, then the summary, each atomically (a reader sees old or new, whole).
+
+    The padding stands in for frozen weights: it never changes, so it has a file of its own,
+    written once, and a sync of the folder finds nothing new in it.
+    """
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / FROZEN_FILE).is_file():
+        _write_atomically(folder / FROZEN_FILE, lambda f: np.save(f, state["padding"]))
+    trained = {name: value for name, value in state.items() if name != "padding"}
     _write_atomically(
         folder / STATE_FILE,
-        lambda f: np.savez(f, step=np.int64(step), seed=np.int64(seed), **state),
+        lambda f: np.savez(f, step=np.int64(step), seed=np.int64(seed), **trained),
     )
     summary = {"step": step, "seed": seed, "val_loss": val_loss, "format": 1}
     _write_atomically(folder / SUMMARY_FILE, lambda f: f.write(json.dumps(summary).encode()))
@@ -141,6 +150,7 @@ def load_checkpoint(folder: Path, seed: int) -> tuple[dict[str, np.ndarray], int
             raise SystemExit(f"{path} was written with seed {int(saved['seed'])}, not {seed}")
         step = int(saved["step"])
         state = {name: saved[name].copy() for name in saved.files if name not in ("step", "seed")}
+    state["padding"] = np.load(folder / FROZEN_FILE)
     return state, step
 
 

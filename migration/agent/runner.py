@@ -16,6 +16,7 @@ import queue
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ class Agent:
         self._line_result: dict[str, object] | None = None
         self._progress: dict[str, object] | None = None
         self._progress_sent_at = 0.0
+        self._progress_lock = threading.Lock()
         # Set from signal handlers, read by the main loop: plain attributes, because a handler
         # that takes a lock the interrupted main thread holds would deadlock the agent.
         self._stop_signals = 0
@@ -161,6 +163,9 @@ class Agent:
         if kind == "progress":
             self._record_progress(body)
             return
+        # A held-back progress report goes first, so the portal sees events in the order
+        # the workload made them.
+        self._flush_progress()
         if kind == "checkpoint":
             body = {"rank": self.config.rank, "world_size": self.config.world_size, **body}
         if kind == "result":
@@ -171,15 +176,19 @@ class Agent:
     def _record_progress(self, fields: dict[str, object]) -> None:
         # At most one progress event a second: a fast loop may report every step, and the
         # portal only needs to know where the job is.
-        self._progress = fields
-        if time.monotonic() - self._progress_sent_at >= PROGRESS_EVERY:
+        with self._progress_lock:
+            self._progress = fields
+            due = time.monotonic() - self._progress_sent_at >= PROGRESS_EVERY
+        if due:
             self._flush_progress()
 
     def _flush_progress(self) -> None:
-        fields, self._progress = self._progress, None
-        if fields is not None:
-            self._progress_sent_at = time.monotonic()
-            self.outbox.emit("progress", **fields)
+        # Under the lock, so two threads flushing at once neither lose nor repeat a report.
+        with self._progress_lock:
+            fields, self._progress = self._progress, None
+            if fields is not None:
+                self._progress_sent_at = time.monotonic()
+                self.outbox.emit("progress", **fields)
 
     def _notice_state(self) -> dict[str, object]:
         advance, final = self.advance, self.final

@@ -1,0 +1,272 @@
+"""Directory mode: put the checkpoint to resume from in place, then sync the folder to the store.
+
+Before the workload starts, the checkpoint named by BATON_RESUME (or the job's latest) is
+materialised into BATON_CHECKPOINT_DIR. While it runs, a background thread looks at the folder
+a few times a second and, when something changed and at least `interval` seconds passed since
+the last sync, saves it as a `periodic` checkpoint: incrementally, because the store only
+writes chunks it does not have and does not even read files whose size and mtime are
+unchanged. After the workload exits, one last sync records the folder as `emergency` (it was
+preempted) or `final` (it finished).
+
+A directory-mode workload does not tell the agent which step its files hold. The step recorded
+for a sync is read from `BATON_AGENT_STEP_FILE` (a JSON file in the folder with `step` or
+`global_step`, or a bare number) when configured, else the last step seen in the workload's
+output. Either way it is raised to stay strictly above the previous sync's step, so the store's
+"latest" is always the newest sync; an unchanged folder synced at the end keeps its step and
+only gets the new kind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from migration.checkpoint import ManifestRef, StoreError, open_store
+from migration.checkpoint.directory import RESTORE_TMP
+
+if TYPE_CHECKING:
+    from migration.agent.config import AgentConfig
+    from migration.checkpoint import SaveResult, Store
+
+logger = logging.getLogger(__name__)
+
+Snapshot = dict[str, tuple[int, int]]
+SCAN_EVERY = 0.25
+
+
+class RestoreError(RuntimeError):
+    """The checkpoint to resume from could not be put in place."""
+
+
+def snapshot(folder: Path) -> Snapshot:
+    """Size and mtime of every file (and every folder, as (-1, 0)) under `folder`."""
+    found: Snapshot = {}
+    for root, dirs, files in os.walk(folder):
+        rel_root = os.path.relpath(root, folder)
+        dirs[:] = [d for d in dirs if not d.startswith(RESTORE_TMP)]
+        for name in dirs:
+            found[os.path.normpath(os.path.join(rel_root, name))] = (-1, 0)
+        for name in files:
+            if name.startswith(RESTORE_TMP):
+                continue
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue  # replaced between the listing and the stat: seen on the next scan
+            found[os.path.normpath(os.path.join(rel_root, name))] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def read_step_file(path: Path) -> int | None:
+    """The step in a step file (JSON object with `step`/`global_step`, or a number)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("step", value.get("global_step"))
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    return None
+
+
+class DirectorySync:
+    """Restores and syncs one rank's checkpoint folder."""
+
+    def __init__(
+        self,
+        store: Store,
+        job: str,
+        folder: Path,
+        emit: Callable[..., None],
+        step_hint: Callable[[], int | None],
+        rank: int = 0,
+        world_size: int = 1,
+        interval: float = 5.0,
+        step_file: str = "",
+    ) -> None:
+        self.store = store
+        self.job = job
+        self.folder = folder
+        self.emit = emit
+        self.step_hint = step_hint
+        self.rank = rank
+        self.world_size = world_size
+        self.interval = interval
+        self.step_file = step_file
+        self.syncs = 0
+        self.last_ref: ManifestRef | None = None
+        self._synced: Snapshot | None = None
+        self._synced_at = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: AgentConfig,
+        emit: Callable[..., None],
+        step_hint: Callable[[], int | None],
+    ) -> DirectorySync:
+        """The sync of the agent's configured folder and store; RestoreError if unusable."""
+        try:
+            store = open_store(config.store_url, endpoint=config.s3_endpoint or None)
+        except StoreError as exc:
+            raise RestoreError(f"cannot open the store: {exc}") from exc
+        return cls(
+            store,
+            config.job_id,
+            config.checkpoint_dir,
+            emit,
+            step_hint,
+            rank=config.rank,
+            world_size=config.world_size,
+            interval=config.sync_interval,
+            step_file=config.step_file,
+        )
+
+    # -- restore -----------------------------------------------------------------------------
+
+    def _resume_ref(self, resume: str) -> ManifestRef | None:
+        if resume:
+            return ManifestRef.parse(resume).for_rank(self.rank)
+        complete = self.store.latest_complete(self.job, self.world_size)
+        if complete is not None:
+            return complete.for_rank(self.rank)
+        latest = self.store.latest(self.job, self.rank)
+        if latest is not None and self.world_size > 1:
+            logger.warning("no step saved by every rank; rank %d resumes from its own", self.rank)
+        return latest
+
+    def restore(self, resume: str = "") -> dict[str, object] | None:
+        """Put the checkpoint to resume from into the folder; the `restore` event's fields.
+
+        None when there is nothing to resume from (a first start).
+        """
+        try:
+            ref = self._resume_ref(resume)
+            if ref is None:
+                logger.info("no checkpoint of job %s in the store; starting fresh", self.job)
+                self._synced = snapshot(self.folder)
+                return None
+            started = time.monotonic()
+            stats = self.store.restore_directory(ref, self.folder, clean=True)
+            manifest = self.store.load_manifest(ref)
+        except (StoreError, OSError) as exc:
+            raise RestoreError(
+                f"cannot restore {resume or 'the latest checkpoint'}: {exc}"
+            ) from exc
+        self.last_ref = ref
+        self._synced = snapshot(self.folder)
+        logger.info("restored %s into %s", ref, self.folder)
+        return {
+            "manifest": ref.key,
+            "step": ref.step,
+            "kind": ref.kind,
+            "val_loss": None,
+            "reference": manifest.validation_reference,
+            "files_written": stats.files_written,
+            "files_unchanged": stats.files_unchanged,
+            "bytes_written": stats.bytes_written,
+            "seconds": round(time.monotonic() - started, 3),
+            "source": "directory",
+        }
+
+    # -- sync --------------------------------------------------------------------------------
+
+    def _hinted_step(self) -> int | None:
+        if self.step_file:
+            step = read_step_file(self.folder / self.step_file)
+            if step is not None:
+                return step
+        return self.step_hint()
+
+    def sync(self, kind: str = "periodic", force: bool = False) -> SaveResult | None:
+        """Save the folder if it changed since the last sync (or `force`); None if skipped."""
+        with self._lock:
+            before = snapshot(self.folder)
+            changed = before != self._synced
+            if not any(size >= 0 for size, _ in before.values()):
+                return None  # no file yet: nothing a restore could use
+            if not changed and not force:
+                return None
+            previous = self.last_ref.step if self.last_ref else -1
+            # Same files: the same step, now under the new kind.
+            step = max(self._hinted_step() or 0, previous + 1) if changed else previous
+            try:
+                result = self.store.save_directory(
+                    self.job,
+                    self.folder,
+                    step,
+                    kind,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    parent=self.last_ref,
+                    meta={"source": "agent-directory-sync"},
+                )
+            except (StoreError, OSError) as exc:
+                logger.warning("checkpoint sync of %s failed (retried later): %s", self.folder, exc)
+                return None
+            self.last_ref = result.ref
+            self._synced = before
+            self._synced_at = time.monotonic()
+            self.syncs += 1
+        logger.info(
+            "synced %s as %s (%d of %d bytes new, %.2f s)",
+            self.folder,
+            result.key,
+            result.bytes_new,
+            result.bytes_total,
+            result.seconds,
+        )
+        self.emit(
+            "checkpoint",
+            manifest=result.key,
+            step=result.ref.step,
+            kind=kind,
+            bytes_new=result.bytes_new,
+            bytes_total=result.bytes_total,
+            validation_reference=None,
+            rank=self.rank,
+            world_size=self.world_size,
+            seconds=round(result.seconds, 3),
+            source="directory",
+        )
+        return result
+
+    def start(self) -> None:
+        """Sync in the background from now on."""
+        self._synced_at = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(SCAN_EVERY, self.interval or SCAN_EVERY)):
+            if time.monotonic() - self._synced_at < self.interval:
+                continue
+            try:
+                self.sync("periodic")
+            except Exception:
+                # The next scan tries again; a sync thread that died would silently stop
+                # protecting the job's progress.
+                logger.exception("checkpoint sync failed")
+
+    def stop(self, final_kind: str = "emergency") -> SaveResult | None:
+        """Stop the background sync and sync once more as `final_kind`."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            # An unchanged folder already synced in this run is relabelled, so the portal sees
+            # the emergency or final checkpoint it waits for; a periodic one is not repeated.
+            force = final_kind != "periodic" and self.last_ref is not None
+            return self.sync(final_kind, force=force)
+        finally:
+            self.store.close()
