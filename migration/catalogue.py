@@ -1,22 +1,21 @@
 """The demo catalogue: regions, accelerators, the compatibility matrix and capacity pools,
-built from the real data in `data/` (AWS instance types, a spot price snapshot and the
-published V100 preemption traces). Idempotent: running it again updates in place.
+built from the real data in `data/` (AWS instance types and a spot price snapshot).
+Idempotent: running it again updates in place. Pools' interruption rates and spot prices are
+derived from history afterwards (costs.services), so a re-seed never overwrites them.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from statistics import mean
 
 from django.conf import settings
 from django.db import transaction
 
-from costs.traces import load_traces, preemptions_per_hour
+from costs.history import latest_prices, read_spot_price_rows
 from migration.choices import Backend, Market, RuleKind
 from migration.models import Accelerator, CapacityPool, CompatibilityRule, Region, RegionLatency
 
@@ -85,6 +84,10 @@ RULES = [
     ),
 ]
 
+INSTANCE_TYPES = "aws-gpu-instance-types.tsv"
+SPOT_PRICES = "aws-gpu-spot-prices-2022-05-31.tsv"
+TRACES = "spot-traces"
+
 # Local backend: short windows so a demo interruption plays out in seconds. AWS pools use
 # AWS's own two-minute final window.
 LOCAL_NOTICE = {"advance_notice_s": 5, "final_window_s": 20, "provisioning_delay_s": 2.0}
@@ -120,25 +123,6 @@ def read_instance_types(path: Path) -> dict[str, InstanceType]:
         }
 
 
-def read_spot_prices(path: Path) -> dict[tuple[str, str], Decimal]:
-    """Latest spot price per (zone id, instance type) of the snapshot."""
-    latest: dict[tuple[str, str], tuple[str, Decimal]] = {}
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle, delimiter="\t"):
-            key = (row["az_id"], row["instance_type"])
-            if key not in latest or row["timestamp"] > latest[key][0]:
-                latest[key] = (row["timestamp"], Decimal(row["spot_price_usd_per_hour"]))
-    return {key: price for key, (_, price) in latest.items()}
-
-
-def trace_interruption_rates(folder: Path) -> dict[tuple[str, str], float]:
-    """Preemptions per hour of held spot, per (region, accelerator), averaged over zones."""
-    per_key: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for trace in load_traces(folder):
-        per_key[(trace.region, trace.accelerator)].append(preemptions_per_hour(trace))
-    return {key: mean(rates) for key, rates in per_key.items()}
-
-
 def capacity_for(gpus: int, market: str) -> int:
     """Small pools, so waiting can be seen: 4 single-GPU spot instances, fewer of the rest."""
     if gpus == 1:
@@ -150,10 +134,8 @@ def capacity_for(gpus: int, market: str) -> int:
 def seed_catalogue(data_dir: Path | None = None) -> dict[str, int]:
     """Create or update the whole demo catalogue; returns counts of what it holds."""
     data_dir = data_dir or settings.BATON_DATA_DIR
-    types = read_instance_types(data_dir / "aws-gpu-instance-types.tsv")
-    prices = read_spot_prices(data_dir / "aws-gpu-spot-prices-2022-05-31.tsv")
-    rates = trace_interruption_rates(data_dir / "spot-traces" / "preemption")
-    default_rate = settings.BATON_DEFAULT_INTERRUPTION_RATE
+    types = read_instance_types(data_dir / INSTANCE_TYPES)
+    prices = latest_prices(read_spot_price_rows(data_dir / SPOT_PRICES))
 
     regions = {
         code: Region.objects.update_or_create(code=code, defaults={"name": name})[0]
@@ -196,21 +178,25 @@ def seed_catalogue(data_dir: Path | None = None) -> dict[str, int]:
                 continue
             it = types[type_name]
             region_types.add(type_name)
+            fixed = {
+                "accelerator": accelerators[it.accelerator],
+                "gpus_per_instance": it.gpus,
+                "backend": Backend.LOCAL,
+                "capacity": capacity_for(it.gpus, Market.SPOT),
+                **LOCAL_NOTICE,
+            }
             CapacityPool.objects.update_or_create(
                 region=regions[code],
                 zone=zone,
                 instance_type=type_name,
                 market=Market.SPOT,
-                defaults={
-                    "accelerator": accelerators[it.accelerator],
-                    "gpus_per_instance": it.gpus,
-                    "backend": Backend.LOCAL,
+                defaults=fixed,
+                # Price and interruption rate are derived from history later: set them only
+                # when the pool is new, so a re-seed never overwrites what history says.
+                create_defaults={
+                    **fixed,
                     "price_per_hour": price,
-                    "capacity": capacity_for(it.gpus, Market.SPOT),
-                    "interruption_rate_per_hour": round(
-                        rates.get((code, it.accelerator), default_rate), 4
-                    ),
-                    **LOCAL_NOTICE,
+                    "interruption_rate_per_hour": settings.BATON_DEFAULT_INTERRUPTION_RATE,
                 },
             )
             pools += 1

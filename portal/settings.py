@@ -175,6 +175,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "migration.tasks.retry_waiting_jobs_task",
         "schedule": env_float("BATON_WAITING_RETRY_SECONDS", 10.0, minimum=1.0),
     },
+    "refresh-spot-prices": {
+        "task": "costs.tasks.refresh_spot_prices_task",
+        "schedule": env_float("BATON_PRICE_REFRESH_SECONDS", 3600.0, minimum=60.0),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(BATON_HOME / "celerybeat-schedule")
 
@@ -207,8 +211,10 @@ BATON_PUBLIC_URL = env_str("BATON_PUBLIC_URL", f"http://127.0.0.1:{env_int('PORT
 BATON_STORE_ROOT = env_path("BATON_STORE_ROOT", BATON_HOME / "stores")
 BATON_INSTANCE_ROOT = BATON_HOME / "instances"
 BATON_DEMO_PASSWORD_FILE = BATON_HOME / "demo-password"
-# Interruption rate (preemptions per hour) for a region and accelerator with no trace history:
-# the mean of the V100 preemption traces we ship (us-east-1 and us-west-2, 2023).
+# EC2 API endpoint for spot price refreshes (empty: AWS's own); a VPC endpoint or a test server.
+BATON_EC2_ENDPOINT = env_str("BATON_EC2_ENDPOINT")
+# Interruption rate (preemptions per hour of held spot) for a region and accelerator with no
+# history: the middle of what the shipped V100 traces show per zone (0.3 to 1.2 per hour).
 BATON_DEFAULT_INTERRUPTION_RATE = env_float("BATON_DEFAULT_INTERRUPTION_RATE", 0.9, minimum=0.0)
 
 LOGGING = {

@@ -1,0 +1,195 @@
+"""Cost history actions: import traces and prices, and derive the pools' figures from them.
+
+Pools carry the figures placement and the estimator read on every decision (interruption
+rate, current spot price); they are derived here from the stored history, in one place, after
+every import or refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import OuterRef, Subquery
+
+from costs.history import (
+    PriceRow,
+    Run,
+    read_spot_price_rows,
+    runs,
+    trace_from_runs,
+    trace_start,
+)
+from costs.models import AvailabilitySample, PriceSample
+from costs.traces import available_hours, load_trace, preemption_count
+from migration.choices import Market
+from migration.models import Accelerator, CapacityPool, Region
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportReport:
+    imported: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def describe(self, what: str) -> str:
+        text = f"imported {self.imported} {what}"
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)}: " + "; ".join(self.skipped[:5])
+            if len(self.skipped) > 5:
+                text += f"; and {len(self.skipped) - 5} more"
+        return text
+
+
+def import_spot_traces(folder: Path) -> ImportReport:
+    """Store every trace under `folder` as availability runs (re-importing replaces a trace),
+    then refresh the pools' interruption rates."""
+    files = sorted(folder.rglob("*.json")) if folder.is_dir() else []
+    if not files:
+        raise ValueError(f"no trace files (*.json) under {folder}")
+    report = ImportReport()
+    regions = {r.code: r for r in Region.objects.all()}
+    accelerators = {a.name: a for a in Accelerator.objects.all()}
+    for path in files:
+        trace = load_trace(path)
+        name = f"{path.parent.name}/{path.stem}"
+        if trace.region not in regions or trace.accelerator not in accelerators:
+            report.skipped.append(
+                f"{name} (no region {trace.region} or accelerator {trace.accelerator})"
+            )
+            continue
+        start = trace_start(path)
+        gap = timedelta(seconds=trace.gap_seconds)
+        with transaction.atomic():
+            AvailabilitySample.objects.filter(trace=name).delete()
+            AvailabilitySample.objects.bulk_create(
+                AvailabilitySample(
+                    region=regions[trace.region],
+                    accelerator=accelerators[trace.accelerator],
+                    trace=name,
+                    at=start + gap * run.start,
+                    ticks=run.ticks,
+                    gap_seconds=int(trace.gap_seconds),
+                    available=run.available,
+                )
+                for run in runs(trace.unavailable)
+            )
+        report.imported += 1
+    refresh_pool_figures()
+    return report
+
+
+def import_spot_prices(path: Path) -> ImportReport:
+    """Store spot price observations for the pools they belong to (zone id and instance type),
+    then refresh the pools' prices. Rows for pools Baton does not have are counted, not stored."""
+    rows = read_spot_price_rows(path)
+    pools = {(p.zone, p.instance_type): p for p in CapacityPool.objects.filter(market=Market.SPOT)}
+    report = ImportReport()
+    samples = []
+    unknown: set[tuple[str, str]] = set()
+    for row in rows:
+        pool = pools.get((row.zone, row.instance_type))
+        if pool is None:
+            unknown.add((row.zone, row.instance_type))
+            continue
+        samples.append(PriceSample(pool=pool, at=row.at, price=row.price, source=path.name))
+    PriceSample.objects.bulk_create(samples, ignore_conflicts=True)
+    report.imported = len(samples)
+    if unknown:
+        report.skipped.append(f"{len(unknown)} zone/instance types with no pool")
+    refresh_pool_figures()
+    return report
+
+
+def record_price_rows(rows: list[PriceRow], source: str) -> int:
+    """Store fetched observations (e.g. from describe_spot_price_history) for known pools."""
+    pools = {(p.zone, p.instance_type): p for p in CapacityPool.objects.filter(market=Market.SPOT)}
+    samples = [
+        PriceSample(pool=pools[(r.zone, r.instance_type)], at=r.at, price=r.price, source=source)
+        for r in rows
+        if (r.zone, r.instance_type) in pools
+    ]
+    PriceSample.objects.bulk_create(samples, ignore_conflicts=True)
+    return len(samples)
+
+
+def refresh_spot_prices_from_aws() -> str:
+    """Pull recent spot prices of every region's spot pools from AWS, when credentials are
+    configured; say what happened in words (the beat task logs it)."""
+    from costs import aws
+
+    if not aws.credentials_configured():
+        return "skipped: no AWS credentials configured"
+    types_by_region: dict[str, set[str]] = defaultdict(set)
+    for code, type_name in CapacityPool.objects.filter(market=Market.SPOT).values_list(
+        "region__code", "instance_type"
+    ):
+        types_by_region[code].add(type_name)
+    stored = 0
+    for region, types in sorted(types_by_region.items()):
+        rows = aws.fetch_spot_prices(
+            region, sorted(types), endpoint_url=settings.BATON_EC2_ENDPOINT
+        )
+        stored += record_price_rows(rows, source="aws")
+    refresh_pool_figures()
+    return f"stored {stored} spot price observation(s) from AWS"
+
+
+@dataclass(frozen=True)
+class RateFigures:
+    """Interruption history of one region and accelerator."""
+
+    preemptions: int
+    available_hours: float
+
+    @property
+    def rate_per_hour(self) -> float:
+        return self.preemptions / self.available_hours if self.available_hours else 0.0
+
+
+def interruption_history() -> dict[tuple[str, str], RateFigures]:
+    """Preemptions per hour of held spot, pooled over every trace of a region and accelerator."""
+    by_trace: dict[str, list[AvailabilitySample]] = defaultdict(list)
+    for sample in AvailabilitySample.objects.select_related("region", "accelerator").order_by(
+        "trace", "at"
+    ):
+        by_trace[sample.trace].append(sample)
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, samples in by_trace.items():
+        first = samples[0]
+        trace = trace_from_runs(
+            name,
+            first.region.code,
+            first.accelerator.name,
+            first.gap_seconds,
+            [Run(0, s.ticks, s.available) for s in samples],
+        )
+        key = (first.region.code, first.accelerator.name)
+        totals[key][0] += preemption_count(trace)
+        totals[key][1] += available_hours(trace)
+    return {key: RateFigures(int(n), hours) for key, (n, hours) in totals.items()}
+
+
+@transaction.atomic
+def refresh_pool_figures() -> None:
+    """Spot pools take the interruption rate of their region and accelerator's history (the
+    configured default where there is none) and their latest recorded price."""
+    history = interruption_history()
+    default = settings.BATON_DEFAULT_INTERRUPTION_RATE
+    latest = PriceSample.objects.filter(pool=OuterRef("pk")).order_by("-at").values("price")[:1]
+    spot = CapacityPool.objects.filter(market=Market.SPOT).select_related("region", "accelerator")
+    for pool in spot.annotate(latest_price=Subquery(latest)):
+        figures = history.get((pool.region.code, pool.accelerator.name))
+        rate = round(figures.rate_per_hour, 4) if figures else default
+        price: Decimal = pool.latest_price if pool.latest_price is not None else pool.price_per_hour
+        if (rate, price) != (pool.interruption_rate_per_hour, pool.price_per_hour):
+            pool.interruption_rate_per_hour = rate
+            pool.price_per_hour = price
+            pool.save(update_fields=["interruption_rate_per_hour", "price_per_hour"])
