@@ -30,8 +30,10 @@ import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import FrameType  # noqa: E402
+from typing import Any, BinaryIO  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -111,10 +113,10 @@ def weights_sha256(state: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _write_atomically(path: Path, write: object) -> None:
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     tmp = path.with_name("." + path.name + ".tmp")
     with tmp.open("wb") as handle:
-        write(handle)  # type: ignore[operator]
+        write(handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
@@ -131,11 +133,9 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / FROZEN_FILE).is_file():
         _write_atomically(folder / FROZEN_FILE, lambda f: np.save(f, state["padding"]))
-    trained = {name: value for name, value in state.items() if name != "padding"}
-    _write_atomically(
-        folder / STATE_FILE,
-        lambda f: np.savez(f, step=np.int64(step), seed=np.int64(seed), **trained),
-    )
+    arrays: dict[str, Any] = {name: value for name, value in state.items() if name != "padding"}
+    arrays.update(step=np.int64(step), seed=np.int64(seed))
+    _write_atomically(folder / STATE_FILE, lambda f: np.savez(f, **arrays))
     summary = {"step": step, "seed": seed, "val_loss": val_loss, "format": 1}
     _write_atomically(folder / SUMMARY_FILE, lambda f: f.write(json.dumps(summary).encode()))
 

@@ -69,7 +69,7 @@ class AgentConfig:
     log_buffer: int = 10_000
     log_batch: int = 500
     log_flush_interval: float = 1.0
-    max_line_chars: int = 8192
+    max_line_chars: int = 4000
     portal_timeout: float = 5.0
     flush_timeout: float = 10.0
     echo_output: bool = False
@@ -270,9 +270,11 @@ def load_config(environ: Mapping[str, str] | None = None, argv: Sequence[str] = 
         listener_restart_window=seconds("BATON_AGENT_LISTENER_RESTART_WINDOW", 60.0, True),
         event_buffer=integer("BATON_AGENT_EVENT_BUFFER", 10_000, minimum=10),
         log_buffer=integer("BATON_AGENT_LOG_BUFFER", 10_000, minimum=1),
-        log_batch=integer("BATON_AGENT_LOG_BATCH", 500, minimum=1),
+        # The portal takes at most 5000 lines in one request.
+        log_batch=env.integer("BATON_AGENT_LOG_BATCH", 500, minimum=1, maximum=5000) or 500,
         log_flush_interval=seconds("BATON_AGENT_LOG_FLUSH_INTERVAL", 1.0, positive=True),
-        max_line_chars=integer("BATON_AGENT_MAX_LINE", 8192, minimum=80),
+        # 4000: what the portal keeps of a line, so the "characters cut" note survives.
+        max_line_chars=integer("BATON_AGENT_MAX_LINE", 4000, minimum=80),
         portal_timeout=seconds("BATON_AGENT_PORTAL_TIMEOUT", 5.0, positive=True),
         flush_timeout=seconds("BATON_AGENT_FLUSH_TIMEOUT", 10.0),
         echo_output=env.boolean("BATON_AGENT_ECHO", False),

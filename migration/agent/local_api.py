@@ -30,6 +30,7 @@ class LocalEndpoint:
     ) -> None:
         self.on_report = on_report
         self.notices = notices
+        self.host = host
         self.server = ThreadingHTTPServer((host, 0), self._handler_class())
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -37,8 +38,7 @@ class LocalEndpoint:
     @property
     def url(self) -> str:
         """`http://127.0.0.1:<port>`, the value of BATON_AGENT_URL."""
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self.host}:{self.server.server_address[1]}"
 
     def start(self) -> None:
         """Serve in a background thread."""

@@ -42,7 +42,7 @@ class LogForwarder:
         max_lines: int = 10_000,
         batch_lines: int = 500,
         flush_interval: float = 1.0,
-        max_line_chars: int = 8192,
+        max_line_chars: int = 4000,
         backoff: Backoff | None = None,
     ) -> None:
         self.client = client

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from migration.agent import selfcheck
 from migration.agent.config import AgentConfig, workload_environment
-from migration.agent.listener import Listener
+from migration.agent.listener import FAILED, Listener
 from migration.agent.local_api import LocalEndpoint
 from migration.agent.logs import LogForwarder, OutputSink
 from migration.agent.metadata import MetadataClient, Notice
@@ -45,12 +45,7 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later", which is what a preempted job needs
-EXIT_CODES = {
-    "finished": EXIT_FINISHED,
-    "failed": EXIT_FAILED,
-    "restore_failed": EXIT_RESTORE_FAILED,
-    "preempted": EXIT_PREEMPTED,
-}
+EXIT_CODES = {"finished": EXIT_FINISHED, "failed": EXIT_FAILED, "preempted": EXIT_PREEMPTED}
 
 FINAL_LINE = re.compile(
     r"^final step=(?P<step>\d+) val_loss=(?P<val_loss>\S+) weights_sha256=(?P<sha>[0-9a-f]{64})\s*$"
@@ -64,18 +59,18 @@ PROGRESS_EVERY = 1.0
 
 @dataclass
 class Outcome:
-    """How the workload ended."""
+    """How the workload ended: `reason` is finished, preempted or failed."""
 
     reason: str
     returncode: int | None = None
     signal: str | None = None
     killed: bool = False
     error: str = ""
+    exit_code: int | None = None
 
-    @property
-    def exit_code(self) -> int:
-        """The agent's own exit status for this outcome."""
-        return EXIT_CODES[self.reason]
+    def __post_init__(self) -> None:
+        if self.exit_code is None:
+            self.exit_code = EXIT_CODES[self.reason]
 
 
 class Agent:
@@ -137,6 +132,7 @@ class Agent:
         self._stop_signals = 0
         self._stop_signal_name = ""
         self._stop_signals_seen = 0
+        self.restore_error = ""
 
     # -- reports from threads ----------------------------------------------------------------
 
@@ -292,7 +288,9 @@ class Agent:
         self.outbox.emit(
             "heartbeat",
             step=self.step,
-            listener=self.listener.state,
+            # "ok" or "failed" (given up); a restart in progress was reported on its own as
+            # `listener_failed` with `recovered: true` and is not an abnormal state.
+            listener="failed" if self.listener.state == FAILED else "ok",
             pid=self.workload.pid if self.workload and self.workload.process else None,
             dropped_events=self.outbox.dropped,
             dropped_log_lines=self.logs.total_dropped,
@@ -323,9 +321,9 @@ class Agent:
             restored = self.sync.restore(self.config.resume)
         except RestoreError as exc:
             logger.error("restore failed: %s", exc)
-            self.outbox.emit(
-                "restore", ok=False, manifest=self.config.resume or None, error=str(exc)
-            )
+            self.restore_error = str(exc)
+            # `restore` means "a checkpoint is in place"; a failure has an event of its own.
+            self.outbox.emit("restore_failed", manifest=self.config.resume or None, error=str(exc))
             # Nothing of a failed restore may be synced back as if it were the job's state.
             self.sync = None
             return False
@@ -349,7 +347,11 @@ class Agent:
             self.listener.start()
             self._heartbeat()
             if config.mode == "directory" and not self._restore():
-                outcome = Outcome("restore_failed")
+                outcome = Outcome(
+                    "failed",
+                    error=f"restore failed: {self.restore_error}",
+                    exit_code=EXIT_RESTORE_FAILED,
+                )
             else:
                 outcome = self._supervise()
         except Exception as exc:
@@ -364,6 +366,7 @@ class Agent:
             self._finish(outcome)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        assert outcome.exit_code is not None
         return outcome.exit_code
 
     def _supervise(self) -> Outcome:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,11 +182,11 @@ class FakePortal(_Server):
 
     def __init__(self) -> None:
         super().__init__()
-        self.events: list[dict[str, object]] = []  # stored, once per instance and seq
+        self.events: list[dict[str, Any]] = []  # stored, once per instance and seq
         self.highest: dict[str, int] = {}
-        self.received: list[dict[str, object]] = []  # every event of every request
-        self.lines: list[dict[str, object]] = []
-        self.log_posts: list[dict[str, object]] = []
+        self.received: list[dict[str, Any]] = []  # every event of every request
+        self.lines: list[dict[str, Any]] = []
+        self.log_posts: list[dict[str, Any]] = []
         self.lose_answers = 0  # store the next n event batches but drop the connection
         self.unauthorised = 0
         self.lock = threading.Lock()
@@ -197,7 +198,7 @@ class FakePortal(_Server):
     def up(self) -> None:
         self.start()
 
-    def of_type(self, kind: str) -> list[dict[str, object]]:
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
         with self.lock:
             return [e for e in self.events if e["type"] == kind]
 

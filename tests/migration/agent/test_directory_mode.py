@@ -50,6 +50,12 @@ def uninterrupted_sha(tmp_path: Path, steps: int, seed: int = 7, state_mb: float
     return match.group(3)
 
 
+def final_sha(output: str) -> str:
+    match = FINAL.search(output)
+    assert match, output
+    return match.group(3)
+
+
 def directory_env(store_url: str, **more: str) -> dict[str, str]:
     return {
         "BATON_AGENT_MODE": "directory",
@@ -75,17 +81,17 @@ def test_a_finished_run_is_synced_and_a_new_instance_resumes_from_the_store(
     assert checkpoints[-1]["step"] == 150
     assert [c["step"] for c in checkpoints] == sorted({c["step"] for c in checkpoints})
     # Incremental: the 2 MiB of padding never changes, so later syncs send only what did.
-    assert all(c["bytes_new"] < c["bytes_total"] / 4 for c in checkpoints[1:])  # type: ignore[operator]
+    assert all(c["bytes_new"] < c["bytes_total"] / 4 for c in checkpoints[1:])
     store = open_store(store_url)
     latest = store.latest(JOB)
     assert latest is not None and latest.key == checkpoints[-1]["manifest"]
-    sha = FINAL.search(first.output()).group(3)  # type: ignore[union-attr]
+    sha = final_sha(first.output())
     assert sha == uninterrupted_sha(tmp_path, 150, state_mb=2)
 
     second = start_agent(example(150, 7, 10, "--state-mb", "2"), **directory_env(store_url))
     assert second.wait() == EXIT_FINISHED
     assert "resumed from step 150" in second.output()
-    assert FINAL.search(second.output()).group(3) == sha  # type: ignore[union-attr]
+    assert final_sha(second.output()) == sha
     restore = portal.of_type("restore")[-1]
     assert (restore["ok"], restore["manifest"], restore["step"]) == (True, latest.key, 150)
 
@@ -112,9 +118,12 @@ def test_a_checkpoint_that_cannot_be_restored_stops_the_agent_before_the_workloa
     missing = f"jobs/{JOB}/manifests/000000000100-periodic-r0.json"
     run = start_agent(example(100), **directory_env(store_url, BATON_RESUME=missing))
     assert run.wait() == EXIT_RESTORE_FAILED
-    restore = portal.of_type("restore")[0]
-    assert restore["ok"] is False and restore["manifest"] == missing
-    assert portal.of_type("exit")[0]["reason"] == "restore_failed"
+    assert portal.of_type("restore") == []
+    failure = portal.of_type("restore_failed")[0]
+    assert failure["manifest"] == missing and "cannot restore" in failure["error"]
+    exit_event = portal.of_type("exit")[0]
+    assert exit_event["reason"] == "failed" and exit_event["exit_code"] == EXIT_RESTORE_FAILED
+    assert "restore failed" in exit_event["error"]
     assert run.output() == ""
     assert open_store(store_url).list(JOB) == []
 
@@ -130,7 +139,7 @@ def test_without_a_step_file_the_step_comes_from_the_output(
     assert run.wait() == EXIT_FINISHED
     checkpoints = portal.of_type("checkpoint")
     assert checkpoints[-1]["step"] == 120
-    assert all(int(c["step"]) > 0 for c in checkpoints)  # type: ignore[call-overload]
+    assert all(int(c["step"]) > 0 for c in checkpoints)
     progress = portal.of_type("progress")
     assert progress and progress[-1]["step"] == 120
 
@@ -155,12 +164,11 @@ def test_runs_stopped_at_random_points_and_resumed_end_with_the_uninterrupted_we
         run = start_agent(example(steps, 7, 0 if last_leg else 5), **directory_env(store_url))
         if not last_leg:
             target = resumed_at + rng.randint(10, 70)
-            wait_until(
-                lambda run=run, target=target: (
-                    last_step_printed(run) >= target or run.process.poll() is not None
-                ),
-                message=f"step {target}",
-            )
+
+            def reached(run: AgentRun = run, target: int = target) -> bool:
+                return last_step_printed(run) >= target or run.process.poll() is not None
+
+            wait_until(reached, message=f"step {target}")
             how = rng.choice(["imds", "sigterm"])
             if how == "imds":
                 metadata.notice_final(in_seconds=rng.uniform(1, 4))

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from migration.agent.logs import LogForwarder, clip
 from migration.agent.portal import Backoff, PortalClient
 from tests.migration.agent.conftest import TOKEN, AgentRun, FakePortal, signal_workload, wait_until
 
 
-def make_forwarder(portal: FakePortal, **kwargs: object) -> LogForwarder:
+def make_forwarder(portal: FakePortal, **kwargs: Any) -> LogForwarder:
     client = PortalClient(portal.url, TOKEN, timeout=5)
     return LogForwarder(
         client,
         rank=3,
         flush_interval=0.05,
         backoff=Backoff(0.05, 0.2),
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -30,7 +31,7 @@ def test_lines_are_sent_in_batches_of_at_most_the_batch_size(portal: FakePortal)
     assert [line["line"] for line in portal.lines] == [f"line {n}" for n in range(1, 301)]
     assert [line["n"] for line in portal.lines] == list(range(1, 301))
     assert {line["rank"] for line in portal.lines} == {3}
-    assert max(len(post["lines"]) for post in portal.log_posts) <= 40  # type: ignore[arg-type]
+    assert max(len(post["lines"]) for post in portal.log_posts) <= 40
     assert all(post["dropped"] == 0 for post in portal.log_posts)
 
 
@@ -49,7 +50,7 @@ def test_while_the_portal_is_away_the_oldest_lines_are_dropped_and_counted(
     assert len(received) <= 100 + 30
     assert received == sorted(received)
     assert received[-100:] == list(range(4901, 5001)), "the newest lines are kept"
-    reported = sum(int(post["dropped"]) for post in portal.log_posts)  # type: ignore[call-overload]
+    reported = sum(int(post["dropped"]) for post in portal.log_posts)
     assert reported == 5000 - len(received)
     assert forwarder.total_dropped == reported
 
@@ -81,4 +82,4 @@ def test_the_agent_keeps_every_line_locally_and_forwards_them(
     assert [line["line"] for line in portal.lines][:2001] == local[:2001]
     long_line = str(portal.lines[2001]["line"])
     assert len(long_line) == 1000 and long_line.endswith("characters cut]")
-    assert max(len(post["lines"]) for post in portal.log_posts) <= 250  # type: ignore[arg-type]
+    assert max(len(post["lines"]) for post in portal.log_posts) <= 250

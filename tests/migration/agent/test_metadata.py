@@ -46,7 +46,8 @@ def test_it_reads_both_notice_levels(metadata: FakeMetadata) -> None:
     advance = client.advance_notice()
     final = client.final_notice()
     assert advance is not None and advance.level == "advance"
-    assert advance.notice_time == metadata.advance["noticeTime"]  # type: ignore[index]
+    assert metadata.advance is not None
+    assert advance.notice_time == metadata.advance["noticeTime"]
     assert final is not None and final.level == "final" and final.source == "imds"
     assert final.deadline == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert final.event()["deadline"] == "2030-01-02T03:04:05+00:00"

@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from migration.agent.outbox import EventOutbox
 from migration.agent.portal import Backoff, PortalClient
 from tests.migration.agent.conftest import TOKEN, AgentRun, FakePortal, signal_workload, wait_until
 
 
-def make_outbox(portal: FakePortal, path: Path | None, **kwargs: object) -> EventOutbox:
+def make_outbox(portal: FakePortal, path: Path | None, **kwargs: Any) -> EventOutbox:
     client = PortalClient(portal.url, TOKEN, timeout=5)
-    return EventOutbox(path, client, backoff=Backoff(0.05, 0.2), **kwargs)  # type: ignore[arg-type]
+    return EventOutbox(path, client, backoff=Backoff(0.05, 0.2), **kwargs)
 
 
 def stored_numbers(portal: FakePortal) -> list[int]:
-    return [int(e["n"]) for e in portal.events if "n" in e]  # type: ignore[call-overload]
+    return [int(e["n"]) for e in portal.events if "n" in e]
 
 
 def test_events_are_buffered_through_an_outage_and_delivered_in_order_once(
