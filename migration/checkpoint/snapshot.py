@@ -203,7 +203,8 @@ class Snapshot:
             buffers.keep_only({t.name for t in large} | {"\0pack"})
         if frozen is not None:
             frozen.keep_only(frozen_seen)
-        total = sum(t.nbytes for t in large) + sum(e[0]["nbytes"] for e in small_entries.values())
+        # What a full copy of this checkpoint occupies in the store (pack alignment included).
+        total = sum(t.nbytes for t in large) + offset
         return cls(
             tree=tree,
             tensors=large,

@@ -1,0 +1,620 @@
+"""`Checkpointer`: the SDK a training loop uses to survive spot interruptions.
+
+    ckpt = Checkpointer.from_env()
+    restored = ckpt.restore()                  # None, or .step, .state, .extra (RNG restored)
+    for step in range(start, total):
+        ...
+        ckpt.maybe_save(step + 1, state, extra={"loader_offset": ...}, val_loss=validate)
+        if ckpt.should_stop:                   # final notice: emergency checkpoint taken
+            break
+    ckpt.save_final(total, state, val_loss=...)
+    ckpt.report_result(total, val_loss, weights_sha256)
+    ckpt.close()
+
+Periodic saves are incremental (content-addressed chunks: an unchanged tensor is not written
+again) and asynchronous: at a step boundary the state is copied into reusable buffers and a
+background thread persists it; at most one persist is in flight and a save that comes due while
+one is running waits for it (back-pressure, never unbounded memory).
+
+Signals (installed when the Checkpointer is created on the main thread):
+- SIGUSR1, the advance notice: checkpoint at the next step boundary;
+- SIGTERM, the final notice: the persist in flight is cancelled at once (its chunks stay
+  useful), and at the next step boundary an emergency checkpoint is written synchronously
+  from the live state (no copy, no compression, no verification pass); then `should_stop`.
+The handlers only set flags; everything else happens on the training thread at a step
+boundary, where the state is consistent. Notice callbacks run there too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from .errors import CorruptChunk, CorruptManifest, SaveCancelled, StoreConfigError, StoreError
+from .local import LocalStore
+from .manifest import EMERGENCY, FINAL, PERIODIC, ManifestRef, check_job
+from .report import AgentReporter
+from .snapshot import BufferPool, FrozenCache, Snapshot
+from .store import SaveResult, Store
+from .urls import open_store
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EVERY_SECONDS = 300.0
+_PROGRESS_INTERVAL_S = 1.0
+
+ValLoss = float | Callable[[], float] | None
+NoticeCallback = Callable[[str], None]
+
+
+@dataclass
+class Restored:
+    """The state a run resumes from."""
+
+    ref: ManifestRef
+    step: int
+    state: Any
+    extra: Any
+    validation_reference: float | None
+    world_size: int
+    rank: int
+
+    @property
+    def loader_offset(self) -> int | None:
+        """The data-loader position saved as `extra["loader_offset"]`, if any."""
+        if isinstance(self.extra, dict):
+            offset = self.extra.get("loader_offset")
+            return int(offset) if offset is not None else None
+        return None
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise StoreConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreConfigError(f"{name}={raw!r} is not a number") from None
+    if value < 0 or math.isnan(value):
+        raise StoreConfigError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
+def capture_rng_states() -> dict[str, Any]:
+    """The state of every random generator a training loop commonly draws from."""
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        states["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: Mapping[str, Any]) -> None:
+    """Put the generators back where `capture_rng_states` found them."""
+    if "python" in states:
+        version, internal, gauss = states["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in states:
+        np.random.set_state(states["numpy"])
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch" in states:
+        torch.set_rng_state(states["torch"])
+        if "torch_cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["torch_cuda"])
+
+
+@dataclass
+class _PersistJob:
+    step: int
+    kind: str
+    snapshot: Snapshot
+    validation_reference: float | None
+    parent: ManifestRef | None
+
+
+class Checkpointer:
+    """Periodic, incremental, asynchronous checkpoints plus emergency saves on notice."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        job: str = "local",
+        rank: int = 0,
+        world_size: int = 1,
+        every_steps: int | None = None,
+        every_seconds: float | None = DEFAULT_EVERY_SECONDS,
+        resume: str | None = None,
+        agent_url: str | None = None,
+        async_save: bool = True,
+        verify: bool = True,
+        install_signal_handlers: bool = True,
+        owns_store: bool = False,
+    ) -> None:
+        self.store = store
+        self.job = check_job(job)
+        self.rank = rank
+        self.world_size = world_size
+        self.every_steps = every_steps if every_steps and every_steps > 0 else None
+        self.every_seconds = every_seconds if every_seconds and every_seconds > 0 else None
+        self.resume = resume or None
+        self.async_save = async_save
+        self.verify = verify
+        self._owns_store = owns_store
+        self.reporter = AgentReporter(agent_url)
+        self.last_committed: SaveResult | None = None
+        self.restored: Restored | None = None
+        self.last_error: BaseException | None = None
+        self.saves_skipped_busy = 0
+        self._parent: ManifestRef | None = None
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._last_progress = 0.0
+        self._buffers = BufferPool()
+        self._frozen = FrozenCache()
+        # Written by signal handlers: plain attributes only (no locks in a handler).
+        self._advance_pending = False
+        self._final_pending = False
+        self._cancel_persist = False
+        self._advance_seen = 0
+        self._final_seen = False
+        self._should_stop = False
+        self._advance_callbacks: list[NoticeCallback] = []
+        self._final_callbacks: list[NoticeCallback] = []
+        self._idle = threading.Condition()
+        self._job: _PersistJob | None = None
+        self._closed = False
+        self._worker: threading.Thread | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        if install_signal_handlers:
+            self.install_signal_handlers()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Checkpointer:
+        """A Checkpointer configured from the BATON_* environment (standalone defaults)."""
+        env = os.environ if environ is None else environ
+        url = env.get("BATON_STORE_URL", "").strip()
+        if url:
+            store = open_store(url, endpoint=env.get("BATON_S3_ENDPOINT") or None)
+        else:
+            store = LocalStore(env.get("BATON_CHECKPOINT_DIR", "").strip() or "./checkpoints")
+        options: dict[str, Any] = {
+            "job": env.get("BATON_JOB_ID", "").strip() or "local",
+            "rank": _env_int(env, "BATON_RANK", 0),
+            "world_size": _env_int(env, "BATON_WORLD_SIZE", 1),
+            "every_steps": _env_int(env, "BATON_CHECKPOINT_EVERY_STEPS", None),
+            "every_seconds": _env_float(
+                env, "BATON_CHECKPOINT_EVERY_SECONDS", DEFAULT_EVERY_SECONDS
+            ),
+            "resume": env.get("BATON_RESUME", "").strip() or None,
+            "agent_url": env.get("BATON_AGENT_URL", "").strip() or None,
+            "owns_store": True,
+        }
+        options.update(overrides)
+        return cls(store, **options)
+
+    # ---- notices ----------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """SIGUSR1 = advance notice, SIGTERM = final notice (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("not on the main thread: notices come only through request_*()")
+            return
+        for signum, handler in (
+            (signal.SIGUSR1, self._on_sigusr1),
+            (signal.SIGTERM, self._on_sigterm),
+        ):
+            self._previous_handlers[signum] = signal.signal(signum, handler)
+
+    def _on_sigusr1(self, signum: int, frame: FrameType | None) -> None:
+        self._advance_pending = True
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._final_pending = True
+        # Stop the persist in flight now, so the emergency save has the disk to itself.
+        self._cancel_persist = True
+
+    def request_checkpoint(self) -> None:
+        """Advance notice from code: checkpoint at the next step boundary."""
+        self._advance_pending = True
+
+    def request_stop(self) -> None:
+        """Final notice from code: emergency checkpoint at the next step boundary, then stop."""
+        self._on_sigterm(signal.SIGTERM, None)
+
+    def on_advance_notice(self, callback: NoticeCallback) -> None:
+        """Call `callback("advance")` at the step boundary after an advance notice."""
+        self._advance_callbacks.append(callback)
+
+    def on_final_notice(self, callback: NoticeCallback) -> None:
+        """Call `callback("final")` at the step boundary after the final notice (before saving)."""
+        self._final_callbacks.append(callback)
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the final notice was handled: the emergency checkpoint has been taken."""
+        return self._should_stop
+
+    @property
+    def notice(self) -> str | None:
+        """ "final", "advance" or None: the strongest notice received so far."""
+        if self._final_pending or self._final_seen:
+            return "final"
+        return "advance" if (self._advance_pending or self._advance_seen) else None
+
+    # ---- restore ----------------------------------------------------------------------------
+
+    def _candidates(self) -> list[ManifestRef]:
+        if self.resume:
+            ref = ManifestRef.parse(self.resume)
+            if ref.job != self.job:
+                raise StoreConfigError(f"BATON_RESUME names job {ref.job}, this is job {self.job}")
+            own = ref.for_rank(self.rank)
+            return [own if own in self.store.list(self.job, self.rank) else ref]
+        if self.world_size > 1:
+            ranks: dict[tuple[int, str], set[int]] = {}
+            for ref in self.store.list(self.job):
+                ranks.setdefault((ref.step, ref.kind), set()).add(ref.rank)
+            everyone = set(range(self.world_size))
+            complete = [
+                ManifestRef(self.job, step, kind, self.rank)
+                for (step, kind), present in ranks.items()
+                if present >= everyone
+            ]
+            return sorted(complete, key=lambda r: r.sort_key, reverse=True)
+        return list(reversed(self.store.list(self.job, self.rank)))
+
+    def restore(self) -> Restored | None:
+        """Load the checkpoint to resume from (BATON_RESUME, else the latest) or None.
+
+        RNG states (python, numpy, torch) are restored as a side effect. Without BATON_RESUME a
+        latest checkpoint that turns out to be corrupt is skipped for the one before it.
+        """
+        for ref in self._candidates():
+            try:
+                checkpoint = self.store.load(ref)
+            except (CorruptChunk, CorruptManifest) as exc:
+                if self.resume:
+                    raise
+                logger.error("checkpoint %s is corrupt (%s); trying the previous one", ref, exc)
+                continue
+            extra = checkpoint.extra if isinstance(checkpoint.extra, dict) else {}
+            restore_rng_states(extra.get("rng", {}))
+            manifest = checkpoint.manifest
+            self.restored = Restored(
+                ref=ref,
+                step=manifest.step,
+                state=checkpoint.state,
+                extra=extra.get("user"),
+                validation_reference=manifest.validation_reference,
+                world_size=manifest.world_size,
+                rank=manifest.rank,
+            )
+            self._parent = ref
+            self._last_saved_step = manifest.step
+            self._last_save_time = time.monotonic()
+            logger.info("restored step=%d from %s", manifest.step, ref)
+            return self.restored
+        return None
+
+    def report_restore(self, val_loss: float, *, rel_tol: float = 1e-4) -> bool:
+        """Report the validation loss measured right after `restore`; True if it matches the
+        reference recorded in the checkpoint (or there is none to compare with)."""
+        if self.restored is None:
+            return True
+        reference = self.restored.validation_reference
+        self.reporter.post(
+            "restore",
+            {
+                "manifest": self.restored.ref.key,
+                "step": self.restored.step,
+                "val_loss": float(val_loss),
+                "reference": reference,
+            },
+        )
+        if reference is None:
+            return True
+        return math.isclose(val_loss, reference, rel_tol=rel_tol, abs_tol=1e-9)
+
+    # ---- saving -----------------------------------------------------------------------------
+
+    def _due(self, step: int) -> bool:
+        if step == self._last_saved_step:
+            return False
+        if self.every_steps and step % self.every_steps == 0:
+            return True
+        return bool(
+            self.every_seconds and time.monotonic() - self._last_save_time >= self.every_seconds
+        )
+
+    def _fire(self, callbacks: list[NoticeCallback], level: str) -> None:
+        for callback in callbacks:
+            try:
+                callback(level)
+            except Exception:
+                logger.exception("%s-notice callback failed", level)
+
+    def maybe_save(
+        self,
+        step: int,
+        state: object,
+        extra: object = None,
+        *,
+        val_loss: ValLoss = None,
+    ) -> bool:
+        """Call at every step boundary with the state after `step` steps.
+
+        Saves when due (every N steps / T seconds, or after an advance notice), asynchronously;
+        after the final notice saves an emergency checkpoint and sets `should_stop`. Returns
+        True if a checkpoint was started or taken. `val_loss` (a number or a callable) is the
+        validation reference recorded in the checkpoint, evaluated only when one is taken.
+        """
+        if self._should_stop:
+            return False
+        if self._final_pending:
+            self._handle_final(step, state, extra, val_loss)
+            return True
+        self._report_progress(step)
+        advance = self._advance_pending
+        if advance:
+            self._advance_pending = False
+            self._advance_seen += 1
+            self._fire(self._advance_callbacks, "advance")
+        if not (advance or self._due(step)):
+            return False
+        self._wait_idle()
+        if self._final_pending:  # arrived while waiting for the previous persist
+            self._handle_final(step, state, extra, val_loss)
+            return True
+        self._start_save(step, PERIODIC, state, extra, val_loss)
+        return True
+
+    def _handle_final(self, step: int, state: object, extra: object, val_loss: ValLoss) -> None:
+        self._final_pending = False
+        self._final_seen = True
+        self._fire(self._final_callbacks, "final")
+        try:
+            self.emergency_save(step, state, extra, val_loss=val_loss)
+        except StoreError as exc:
+            # The agent falls back to the last periodic checkpoint (checkpoint_missed).
+            self.last_error = exc
+            logger.error("emergency save of step=%d failed: %s", step, exc)
+        self._should_stop = True
+
+    def emergency_save(
+        self, step: int, state: object, extra: object = None, *, val_loss: ValLoss = None
+    ) -> SaveResult:
+        """Commit the live state now: the persist in flight is cancelled (its chunks are
+        reused), nothing is copied, compressed or read back."""
+        started = time.monotonic()
+        logger.info("emergency save started step=%d", step)
+        self._cancel_persist = True
+        self._wait_idle()
+        self._cancel_persist = False
+        snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
+        result = self._commit(
+            _PersistJob(step, EMERGENCY, snapshot, self._evaluate(val_loss), self._parent),
+            verify=False,
+        )
+        logger.info(
+            "emergency save committed step=%d in %.3fs (%d bytes new)",
+            step,
+            time.monotonic() - started,
+            result.bytes_new,
+        )
+        return result
+
+    def save(
+        self,
+        step: int,
+        state: object,
+        extra: object = None,
+        *,
+        kind: str = PERIODIC,
+        val_loss: ValLoss = None,
+    ) -> SaveResult:
+        """Save synchronously now (after any persist in flight) and return the commit."""
+        self._wait_idle()
+        snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
+        return self._commit(
+            _PersistJob(step, kind, snapshot, self._evaluate(val_loss), self._parent),
+            verify=self.verify,
+        )
+
+    def save_final(
+        self, step: int, state: object, extra: object = None, *, val_loss: ValLoss = None
+    ) -> SaveResult:
+        """The checkpoint of the finished run (kind `final`), synchronous."""
+        return self.save(step, state, extra, kind=FINAL, val_loss=val_loss)
+
+    def _extra(self, extra: object) -> dict[str, Any]:
+        return {"user": extra, "rng": capture_rng_states()}
+
+    @staticmethod
+    def _evaluate(val_loss: ValLoss) -> float | None:
+        value = val_loss() if callable(val_loss) else val_loss
+        return None if value is None else float(value)
+
+    def _start_save(
+        self, step: int, kind: str, state: object, extra: object, val_loss: ValLoss
+    ) -> None:
+        reference = self._evaluate(val_loss)
+        self._last_saved_step = step
+        self._last_save_time = time.monotonic()
+        if not self.async_save:
+            snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
+            try:
+                job = _PersistJob(step, kind, snapshot, reference, self._parent)
+                self._commit(job, self.verify)
+            except StoreError as exc:
+                self.last_error = exc
+                logger.error("save of step=%d failed: %s", step, exc)
+            return
+        snapshot = Snapshot.capture(
+            state,
+            self._extra(extra),
+            copy=True,
+            buffers=self._buffers,
+            frozen=self._frozen,
+        )
+        job = _PersistJob(step, kind, snapshot, reference, self._parent)
+        with self._idle:
+            self._job = job
+            self._ensure_worker()
+            self._idle.notify_all()
+        logger.info("persist started step=%d", step)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="baton-persist", daemon=True)
+            self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._idle:
+                while self._job is None and not self._closed:
+                    self._idle.wait()
+                if self._job is None:
+                    return
+                job = self._job
+            try:
+                self._commit(job, verify=self.verify, cancellable=True)
+            except SaveCancelled:
+                logger.info("persist of step=%d cancelled by the final notice", job.step)
+            except StoreError as exc:
+                self.last_error = exc
+                logger.error("persist of step=%d failed: %s", job.step, exc)
+            except Exception as exc:  # keep the worker alive; the training loop must go on
+                self.last_error = exc
+                logger.exception("persist of step=%d crashed", job.step)
+            finally:
+                with self._idle:
+                    self._job = None
+                    self._idle.notify_all()
+
+    def _wait_idle(self) -> None:
+        """Back-pressure: wait until no persist is in flight."""
+        started = time.monotonic()
+        with self._idle:
+            while self._job is not None:
+                # Short waits so signal handlers keep running promptly on the main thread.
+                self._idle.wait(0.05)
+        waited = time.monotonic() - started
+        if waited > 0.01:
+            logger.debug("waited %.3fs for the previous persist", waited)
+
+    def _commit(self, job: _PersistJob, verify: bool, cancellable: bool = False) -> SaveResult:
+        result = self.store.commit(
+            self.job,
+            job.step,
+            job.snapshot,
+            kind=job.kind,
+            rank=self.rank,
+            world_size=self.world_size,
+            parent=job.parent,
+            validation_reference=job.validation_reference,
+            verify=verify,
+            cancel=(lambda: self._cancel_persist) if cancellable else None,
+        )
+        for source in job.snapshot.tensors:
+            if source.frozen is not None:
+                self._frozen.remember(source.frozen, result.manifest.tensors[source.name]["chunks"])
+        self.last_committed = result
+        self._parent = result.ref
+        logger.info(
+            "committed %s step=%d kind=%s bytes_new=%d bytes_total=%d",
+            result.ref.key,
+            job.step,
+            job.kind,
+            result.bytes_new,
+            result.bytes_total,
+        )
+        self.reporter.post(
+            "checkpoint",
+            {
+                "manifest": result.ref.key,
+                "step": job.step,
+                "kind": job.kind,
+                "bytes_new": result.bytes_new,
+                "bytes_total": result.bytes_total,
+                "validation_reference": job.validation_reference,
+                "rank": self.rank,
+                "world_size": self.world_size,
+            },
+        )
+        return result
+
+    def wait(self) -> None:
+        """Wait for the persist in flight, if any."""
+        self._wait_idle()
+
+    # ---- reports ----------------------------------------------------------------------------
+
+    def _report_progress(self, step: int, val_loss: float | None = None) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < _PROGRESS_INTERVAL_S:
+            return
+        self._last_progress = now
+        self.report_progress(step, val_loss)
+
+    def report_progress(self, step: int, val_loss: float | None = None) -> None:
+        """Tell the agent how far training got (rate-limited automatically in maybe_save)."""
+        body: dict[str, Any] = {"step": step}
+        if val_loss is not None:
+            body["val_loss"] = float(val_loss)
+        self.reporter.post("progress", body, droppable=True)
+
+    def report_result(self, step: int, val_loss: float, weights_sha256: str) -> None:
+        """Tell the agent the final result of the run."""
+        self.reporter.post(
+            "result", {"step": step, "val_loss": float(val_loss), "weights_sha256": weights_sha256}
+        )
+
+    # ---- shutdown ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish the persist in flight, flush reports, restore signal handlers."""
+        if self._closed:
+            return
+        self._wait_idle()
+        with self._idle:
+            self._closed = True
+            self._idle.notify_all()
+        self.reporter.close()
+        for signum, handler in self._previous_handlers.items():
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
