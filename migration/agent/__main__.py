@@ -64,7 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         logger.error("configuration error: %s", exc)
         return EXIT_CONFIG
-    config.log_dir.mkdir(parents=True, exist_ok=True)
+    for variable, folder in (
+        ("BATON_AGENT_DIR", config.agent_dir),
+        ("BATON_AGENT_LOG_DIR", config.log_dir),
+        ("BATON_CHECKPOINT_DIR", config.checkpoint_dir),
+    ):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            logger.error("configuration error: %s: cannot create %s (%s)", variable, folder, exc)
+            return EXIT_CONFIG
     _setup_logging(config.log_level, str(config.log_dir / f"agent-rank-{config.rank}.log"))
     return Agent(config).run()
 
