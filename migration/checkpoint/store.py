@@ -494,7 +494,7 @@ class Store(ABC):
                 stats.bytes_removed += size
         self._delete(sweep)
         self._present.clear()
-        self._remove_stale_temporaries(max(grace_s, 60.0))
+        self._remove_stale_temporaries(grace_s)
         logger.info(
             "gc %s: removed %d manifests and %d chunks (%d bytes)",
             job,

@@ -52,10 +52,10 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     return s3_server
 
 
-def new_s3_store(server: S3Server, **options: object) -> S3Store:
+def new_s3_store(server: S3Server, prefix: str | None = None, **options: object) -> S3Store:
     """A store under a fresh prefix of the test bucket (isolated like a project namespace)."""
     options.setdefault("chunk_size", TEST_CHUNK)
-    url = f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
+    url = f"s3://{BUCKET}/{prefix or 't-' + uuid.uuid4().hex[:12]}"
     store = open_store(url, endpoint=server.endpoint, **options)
     assert isinstance(store, S3Store)
     return store
