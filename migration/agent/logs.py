@@ -102,9 +102,12 @@ class LogForwarder:
     def _sleep(self, seconds: float) -> bool:
         """Pause up to `seconds` (less once closing); False when closing time is over."""
         with self._cond:
+            was_closing = self._closing
             end = min(time.monotonic() + seconds, self._deadline)
             while (remaining := end - time.monotonic()) > 0:
                 self._cond.wait(remaining)
+                if self._closing and not was_closing:
+                    break  # the agent is ending: one more try now, not after the back-off
                 end = min(end, self._deadline)
             return time.monotonic() < self._deadline
 

@@ -159,11 +159,13 @@ class EventOutbox:
 
     def _pause(self, seconds: float) -> None:
         with self._cond:
+            was_closing = self._closing
             end = min(time.monotonic() + seconds, self._deadline)
             while (remaining := end - time.monotonic()) > 0:
                 self._cond.wait(remaining)
-                if self._closing and time.monotonic() >= self._deadline:
-                    return
+                if self._closing and not was_closing:
+                    return  # the agent is ending: one more try now, not after the back-off
+                end = min(end, self._deadline)
 
     def _run(self) -> None:
         assert self.client is not None

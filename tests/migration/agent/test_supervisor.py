@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from migration.agent.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_PREEMPTED
@@ -121,12 +122,19 @@ def test_a_final_notice_window_shorter_than_the_margin_still_allows_a_moment(
     start_agent: StartAgent, metadata: FakeMetadata, portal: FakePortal, tmp_path: Path
 ) -> None:
     record = tmp_path / "signals"
-    run = start_agent(signal_workload(str(record)), BATON_AGENT_SAFETY_MARGIN="120")
+    run = start_agent(
+        signal_workload(str(record), "--ignore-term"), BATON_AGENT_SAFETY_MARGIN="120"
+    )
     started(run)
     metadata.notice_final(in_seconds=5)
     assert run.wait() == EXIT_PREEMPTED
     assert received_signals(record) == ["SIGTERM"]
-    assert portal.of_type("exit")[0]["killed"] is False
+    notice = portal.of_type("notice")[0]
+    exit_event = portal.of_type("exit")[0]
+    assert exit_event["killed"] is True
+    # The margin is larger than the window, yet the kill comes a second after the notice.
+    waited = datetime.fromisoformat(exit_event["at"]) - datetime.fromisoformat(notice["at"])
+    assert waited.total_seconds() >= 0.9
 
 
 def test_a_finished_workload_is_reported_with_its_result_parsed_from_its_last_line(
