@@ -282,7 +282,8 @@ class Agent:
     # -- the run -----------------------------------------------------------------------------
 
     def _running(self) -> bool:
-        return self.workload is not None and self.workload.poll() is None
+        workload = self.workload
+        return workload is not None and workload.process is not None and not workload.exited()
 
     def _heartbeat(self) -> None:
         self.outbox.emit(
@@ -359,7 +360,8 @@ class Agent:
             outcome = Outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
         finally:
             workload = self.workload
-            if workload is not None and workload.process is not None and workload.poll() is None:
+            # Only reached with an unreaped leader when the agent itself failed mid-run.
+            if workload is not None and workload.process and workload.process.returncode is None:
                 workload.kill_group()
                 workload.wait(10)
             outcome = outcome or Outcome("failed", error="the agent stopped unexpectedly")
@@ -389,7 +391,7 @@ class Agent:
         if self.sync is not None:
             self.sync.start()
         next_heartbeat = time.monotonic() + config.heartbeat_interval
-        while not self._exited():
+        while not self.workload.exited():
             self._drain_notices()
             now = time.monotonic()
             if self._kill_at is not None and now >= self._kill_at and not self._killed:
@@ -410,17 +412,6 @@ class Agent:
         self._drain_notices()
         assert returncode is not None
         return self._outcome(returncode)
-
-    def _exited(self) -> bool:
-        """True once the leader has exited; it stays unreaped (a zombie) until wait()."""
-        assert self.workload is not None and self.workload.process is not None
-        if self.workload.process.returncode is not None:
-            return True
-        try:
-            info = os.waitid(os.P_PID, self.workload.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        return info is not None
 
     def _outcome(self, returncode: int) -> Outcome:
         sig = signal.Signals(-returncode).name if returncode < 0 else None

@@ -91,16 +91,32 @@ class Workload:
         except subprocess.TimeoutExpired:
             return None
 
+    def exited(self) -> bool:
+        """True once the leader has exited, without reaping it.
+
+        An exited but unreaped leader (a zombie) keeps its process id, so its process group
+        id cannot be given to anyone else before `kill_group` and `wait`: signals sent until
+        then never reach an unrelated process. Hence no `poll()` here.
+        """
+        assert self.process is not None
+        if self.process.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
     def send(self, sig: signal.Signals, group: bool = False) -> bool:
         """Send `sig` to the process, or to its whole group; False when it is already gone."""
         assert self.process is not None
-        if self.process.poll() is not None and not group:
+        if self.exited():
             return False
         try:
             if group:
                 os.killpg(self.process.pid, sig)
             else:
-                self.process.send_signal(sig)
+                os.kill(self.process.pid, sig)
         except ProcessLookupError:
             return False
         logger.info("sent %s to the workload%s", sig.name, "'s process group" if group else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -240,3 +241,25 @@ def test_the_agent_runs_without_a_portal(metadata: FakeMetadata, tmp_path: Path)
     )
     assert finished.returncode == EXIT_FINISHED
     assert "final step=20" in (tmp_path / "agent" / "logs" / "rank-0.log").read_text()
+
+
+def test_processes_the_workload_leaves_behind_are_killed_with_its_group(
+    start_agent: StartAgent, portal: FakePortal, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; echo started; exit 0"
+    run = start_agent(["/bin/sh", "-c", script])
+    assert run.wait() == EXIT_FINISHED
+    child = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie until its new parent reaps it: dead all the same.
+        status = Path(f"/proc/{child}/stat")
+        return status.exists() and status.read_text().split()[2] == "Z"
+
+    wait_until(gone, message="the background child to be killed")
+    assert run.output().splitlines() == ["started"]
