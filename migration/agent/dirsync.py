@@ -11,9 +11,9 @@ preempted) or `final` (it finished).
 A directory-mode workload does not tell the agent which step its files hold. The step recorded
 for a sync is read from `BATON_AGENT_STEP_FILE` (a JSON file in the folder with `step` or
 `global_step`, or a bare number) when configured, else the last step seen in the workload's
-output. Either way it is raised to stay strictly above the previous sync's step, so the store's
-"latest" is always the newest sync; an unchanged folder synced at the end keeps its step and
-only gets the new kind.
+output, and never goes below the previous sync's step (see `_next_step`), so the store's
+"latest" is always the newest sync. The step is a label: a sync can catch a workload between
+writing two of its files, and the files, not the label, are what a restore puts back.
 """
 
 from __future__ import annotations
@@ -188,6 +188,20 @@ class DirectorySync:
                 return step
         return self.step_hint()
 
+    def _next_step(self, kind: str) -> int:
+        """The step to record: the hint, never below the previous sync's step.
+
+        At the previous step, a sync of the same kind replaces that manifest (the newer files
+        win); one whose kind sorts before the previous kind (periodic after an emergency
+        checkpoint) goes one step higher, so the store's `latest` is always the newest sync.
+        """
+        step = self._hinted_step() or 0
+        previous = self.last_ref
+        if previous is None or step > previous.step:
+            return step
+        candidate = ManifestRef(self.job, previous.step, kind, self.rank)
+        return previous.step + 1 if candidate.sort_key < previous.sort_key else previous.step
+
     def sync(self, kind: str = "periodic", force: bool = False) -> SaveResult | None:
         """Save the folder if it changed since the last sync (or `force`); None if skipped."""
         with self._lock:
@@ -197,9 +211,7 @@ class DirectorySync:
                 return None  # no file yet: nothing a restore could use
             if not changed and not force:
                 return None
-            previous = self.last_ref.step if self.last_ref else -1
-            # Same files: the same step, now under the new kind.
-            step = max(self._hinted_step() or 0, previous + 1) if changed else previous
+            step = self._next_step(kind)
             try:
                 result = self.store.save_directory(
                     self.job,

@@ -49,7 +49,7 @@ def test_an_empty_folder_is_not_worth_a_checkpoint(store_url: str, tmp_path: Pat
     assert events.sent == []
 
 
-def test_steps_come_from_the_step_file_and_only_ever_grow(store_url: str, tmp_path: Path) -> None:
+def test_steps_come_from_the_step_file_and_never_go_back(store_url: str, tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     folder.mkdir()
     sync, events = make_sync(store_url, folder, step_file="state.json")
@@ -60,15 +60,43 @@ def test_steps_come_from_the_step_file_and_only_ever_grow(store_url: str, tmp_pa
     sync.sync()
     (folder / "state.json").write_text('{"global_step": 80}')
     sync.sync()
+    (folder / "state.json").write_text('{"step": 70}')  # a step file that went back
+    sync.sync()
     sync.stop("emergency")
     assert [(e["step"], e["kind"]) for e in events.sent] == [
         (40, "periodic"),
-        (41, "periodic"),
+        (40, "periodic"),  # replaces the first: the newer files win
         (80, "periodic"),
-        (80, "emergency"),  # unchanged: the same step, relabelled
+        (80, "periodic"),
+        (80, "emergency"),  # unchanged: the same step, under the new kind
     ]
+    store = open_store(store_url)
+    assert [(r.step, r.kind) for r in store.list("job-1")] == [
+        (40, "periodic"),
+        (80, "periodic"),
+        (80, "emergency"),
+    ]
+    folder_again = tmp_path / "again"
+    again, _ = make_sync(store_url, folder_again)
+    again.restore()
+    assert (folder_again / "state.json").read_text() == '{"step": 70}'
+
+
+def test_a_periodic_sync_after_an_emergency_checkpoint_goes_one_step_higher(
+    store_url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "state.json").write_text('{"step": 30}')
+    open_store(store_url).save_directory("job-1", source, 30, "emergency")
+    folder = tmp_path / "ckpt"
+    sync, events = make_sync(store_url, folder, step_file="state.json")
+    assert sync.restore() is not None
+    (folder / "notes.txt").write_text("written before the next checkpoint")
+    sync.sync()
+    assert (events.sent[0]["step"], events.sent[0]["kind"]) == (31, "periodic")
     latest = open_store(store_url).latest("job-1")
-    assert latest is not None and (latest.step, latest.kind) == (80, "emergency")
+    assert latest is not None and (latest.step, latest.kind) == (31, "periodic")
 
 
 def test_without_a_step_file_the_hint_is_used(store_url: str, tmp_path: Path) -> None:
@@ -124,3 +152,18 @@ def test_a_bad_resume_key_is_a_restore_error(store_url: str, tmp_path: Path, res
     sync, _ = make_sync(store_url, tmp_path / "ckpt")
     with pytest.raises(RestoreError):
         sync.restore(resume)
+
+
+def test_a_sync_sends_only_what_changed(store_url: str, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "frozen.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB, never changes
+    (folder / "state.json").write_text('{"step": 1}')
+    sync, events = make_sync(store_url, folder, step_file="state.json")
+    sync.sync()
+    (folder / "state.json").write_text('{"step": 2}')
+    sync.sync()
+    first, second = events.sent
+    assert first["bytes_new"] == first["bytes_total"] > 2_000_000
+    assert second["bytes_total"] == first["bytes_total"]
+    assert second["bytes_new"] < 100
