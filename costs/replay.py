@@ -40,8 +40,9 @@ from costs.market import (
     ON_DEMAND,
     SPOT,
     WAIT,
-    deadline_action,
+    deadline_action_scalar,
 )
+from costs.policies import TOLERANCES, MarketDecision, MarketSituation, decide_market
 
 # The V100 prices of the shared data: p3.2xlarge spot as the traces carry it, and the AWS
 # on-demand list price in us-east-1 (aws-gpu-instance-types.tsv).
@@ -254,7 +255,7 @@ def make_greedy_policy(job: ReplayJob) -> ReplayPolicy:
     """Spot while the slack covers the remaining work plus a restart; then on-demand for good."""
 
     def greedy(state: ReplayState) -> str | None:
-        code = deadline_action(
+        code = deadline_action_scalar(
             state.remaining_work_hours,
             state.hours_to_deadline,
             0.0,
@@ -264,9 +265,54 @@ def make_greedy_policy(job: ReplayJob) -> ReplayPolicy:
             step_hours=state.tick_hours,
             safety_restarts=1.0,
         )
-        return MARKET_ON_DEMAND if int(code) == ON_DEMAND else MARKET_SPOT
+        return MARKET_ON_DEMAND if code == ON_DEMAND else MARKET_SPOT
 
     return greedy
+
+
+def make_tolerance_policy(
+    job: ReplayJob,
+    tolerance: str,
+    interruption_rate_per_hour: float,
+    max_wait_hours: float | None = None,
+    max_interruptions: int | None = None,
+    decisions: list[MarketDecision] | None = None,
+) -> ReplayPolicy:
+    """The placement policy of ``tolerance`` (``costs.policies.decide_market``) as a replay policy.
+
+    ``interruption_rate_per_hour`` is what the policy believes of the spot pool: production
+    takes it from history, so callers should measure it on data before the replayed window.
+    When ``decisions`` is a list, every decision is appended to it (for explanations and tests).
+    """
+    if tolerance not in TOLERANCES:
+        raise ValueError(f"unknown policy {tolerance!r}; expected one of {', '.join(TOLERANCES)}")
+
+    def policy(state: ReplayState) -> str | None:
+        decision = decide_market(
+            MarketSituation(
+                tolerance=tolerance,
+                remaining_work_hours=state.remaining_work_hours,
+                spot_available=state.spot_available,
+                spot_price_per_hour=job.spot_price,
+                on_demand_price_per_hour=job.on_demand_price,
+                interruption_rate_per_hour=interruption_rate_per_hour,
+                current_market=state.market,
+                restart_overhead_hours=job.restart_overhead_hours,
+                hours_to_deadline=state.hours_to_deadline,
+                total_work_hours=job.task_hours,
+                total_hours_to_deadline=job.deadline_hours,
+                interruptions=state.preemptions,
+                max_interruptions=max_interruptions,
+                waited_for_spot_hours=state.waited_hours,
+                max_wait_hours=max_wait_hours,
+                decision_step_hours=state.tick_hours,
+            )
+        )
+        if decisions is not None:
+            decisions.append(decision)
+        return None if decision.wait else decision.market
+
+    return policy
 
 
 def _shift(values: np.ndarray, by: int, fill: float) -> np.ndarray:
@@ -497,6 +543,7 @@ __all__ = [
     "brute_force_optimal",
     "compare",
     "make_greedy_policy",
+    "make_tolerance_policy",
     "on_demand_policy",
     "optimal_outcome",
     "replay",

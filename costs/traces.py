@@ -13,6 +13,8 @@ Public API (pure: numpy + stdlib, no Django):
 - ``preemptions_per_hour(trace) -> float``: available -> unavailable transitions per hour of
   availability, the rate the portal seeds ``CapacityPool.interruption_rate_per_hour`` with.
 - ``mean_time_between_interruptions_hours(trace) -> float`` (``inf`` when never interrupted)
+- ``availability_stats(trace) -> AvailabilityStats``: rate, mean outage, spell dispersion and
+  availability, the history the cost estimator takes (``EstimateInput`` fields of the same name).
 - ``window(trace, start_hours, hours) -> Trace`` and ``windows(trace, hours, step_hours)``
 - ``scale_trace(trace, factor) -> Trace``: the same sequence of ticks on a stretched (factor > 1)
   or compressed (factor < 1) clock, so a short trace can stand in for a longer job.
@@ -169,6 +171,55 @@ def mean_time_between_interruptions_hours(trace: Trace) -> float:
     """Mean hours of spot held between two interruptions (``inf`` when there were none)."""
     count = preemption_count(trace)
     return available_hours(trace) / count if count else math.inf
+
+
+def spell_hours(mask: np.ndarray, tick_hours: float) -> np.ndarray:
+    """Lengths in hours of the runs of True in ``mask`` (runs cut by the trace's ends included)."""
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    return (np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)) * tick_hours
+
+
+@dataclass(frozen=True)
+class AvailabilityStats:
+    """What a trace says about a pool, in the estimator's terms.
+
+    ``uptime_cv`` and ``outage_cv`` are the coefficients of variation of the lengths of available
+    and unavailable spells (1 for exponential spells; the shared traces measure 1.3 to 2.6: many
+    short spells and a few very long ones).
+    """
+
+    interruption_rate_per_hour: float
+    mean_outage_hours: float
+    uptime_cv: float
+    outage_cv: float
+    availability: float
+    interruptions: int
+    hours: float
+
+
+# Fewer spells than this say little about their spread: assume exponential spells (cv 1).
+MIN_SPELLS_FOR_CV = 5
+
+
+def _cv(values: np.ndarray) -> float:
+    if values.size < MIN_SPELLS_FOR_CV or values.mean() <= 0:
+        return 1.0
+    return max(0.1, float(values.std() / values.mean()))
+
+
+def availability_stats(trace: Trace) -> AvailabilityStats:
+    """Interruption rate, outage length and their dispersion measured on ``trace``."""
+    up = spell_hours(trace.available, trace.tick_hours)
+    down = spell_hours(trace.unavailable, trace.tick_hours)
+    return AvailabilityStats(
+        interruption_rate_per_hour=preemptions_per_hour(trace),
+        mean_outage_hours=float(down.mean()) if down.size else 0.0,
+        uptime_cv=_cv(up),
+        outage_cv=_cv(down),
+        availability=trace.availability,
+        interruptions=preemption_count(trace),
+        hours=trace.hours,
+    )
 
 
 def window(trace: Trace, start_hours: float, hours: float) -> Trace:
