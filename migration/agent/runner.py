@@ -55,6 +55,7 @@ TICK = 0.1
 # emergency checkpoint before the kill: a late kill costs less than a certain lost checkpoint.
 MIN_STOP_WINDOW = 1.0
 PROGRESS_EVERY = 1.0
+RESERVED_FIELDS = frozenset({"seq", "type", "at", "event_type"})
 
 
 @dataclass
@@ -153,6 +154,8 @@ class Agent:
 
     def _report(self, kind: str, body: dict[str, object]) -> None:
         """A report from the SDK on the local endpoint (runs in a server thread)."""
+        # The envelope (numbering, type, time) is the agent's; a report cannot forge it.
+        body = {k: v for k, v in body.items() if k not in RESERVED_FIELDS}
         step = body.get("step")
         if isinstance(step, int) and not isinstance(step, bool):
             self.step = step

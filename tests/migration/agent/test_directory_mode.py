@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jobs.workloads.catalog import TEMPLATES
 from migration.agent.runner import EXIT_FINISHED, EXIT_PREEMPTED, EXIT_RESTORE_FAILED
 from migration.checkpoint import open_store
 from tests.migration.agent.conftest import AgentRun, FakeMetadata, FakePortal, wait_until
@@ -208,3 +209,16 @@ def test_runs_stopped_at_random_points_and_resumed_end_with_the_uninterrupted_we
     emergency = [c for c in portal.of_type("checkpoint") if c["kind"] == "emergency"]
     assert [c["step"] for c in emergency] == [stopped for _, _, stopped in interruptions]
     assert [n["source"] for n in portal.of_type("notice")] == [h for h, _, _ in interruptions]
+
+
+def test_the_catalogue_command_resumes_through_the_environment_alone(
+    start_agent: StartAgent, portal: FakePortal, store_url: str
+) -> None:
+    command = TEMPLATES["dir_mode_example"].argv(60, {"step_ms": 5, "seed": 7})
+    assert "{checkpoint_dir}" not in command
+    first = start_agent(command, **directory_env(store_url))
+    assert first.wait() == EXIT_FINISHED
+    second = start_agent(command, **directory_env(store_url))
+    assert second.wait() == EXIT_FINISHED
+    assert "resumed from step 60" in second.output()
+    assert final_sha(second.output()) == final_sha(first.output())

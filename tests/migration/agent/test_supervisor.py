@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -263,3 +265,46 @@ def test_processes_the_workload_leaves_behind_are_killed_with_its_group(
 
     wait_until(gone, message="the background child to be killed")
     assert run.output().splitlines() == ["started"]
+
+
+def test_a_report_cannot_forge_the_event_envelope(
+    start_agent: StartAgent, portal: FakePortal, tmp_path: Path
+) -> None:
+    run = start_agent(signal_workload(str(tmp_path / "signals")))
+    started(run)
+    env = json.loads((tmp_path / "signals.env.json").read_text())
+    request = urllib.request.Request(
+        env["BATON_AGENT_URL"] + "/checkpoint",
+        data=json.dumps(
+            {
+                "seq": 10**6,
+                "type": "exit",
+                "event_type": "x",
+                "manifest": "m",
+                "step": 5,
+                "kind": "periodic",
+            }
+        ).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert json.loads(answer.read()) == {"ok": True}
+    for path, body, status in (
+        ("/nope", b"{}", 404),
+        ("/progress", b"[1]", 400),
+        ("/progress", b"not json", 400),
+    ):
+        bad = urllib.request.Request(env["BATON_AGENT_URL"] + path, data=body, method="POST")
+        try:
+            urllib.request.urlopen(bad, timeout=10)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == status
+        else:
+            raise AssertionError(f"{path} {body!r} was accepted")
+    wait_until(lambda: portal.of_type("checkpoint"), message="the checkpoint")
+    checkpoint = portal.of_type("checkpoint")
+    assert checkpoint[0]["seq"] < 10**6 and checkpoint[0]["manifest"] == "m"
+    run.signal(signal.SIGTERM)
+    assert run.wait() == EXIT_PREEMPTED
+    seqs = [e["seq"] for e in portal.events]
+    assert seqs == list(range(1, len(seqs) + 1))
