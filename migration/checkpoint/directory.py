@@ -160,7 +160,6 @@ def save_directory(
         if not changed:
             break
         pending = changed
-    store._sync_chunks(writer.new_chunks)
     if cancel is not None and cancel():
         raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
     manifest = Manifest(
@@ -180,7 +179,7 @@ def save_directory(
         chunks_new=len(writer.new_chunks),
         meta={**(meta or {}), "scan_started_ns": scan_started},
     )
-    store._put_object(ref.key, manifest.to_json())
+    store._commit_manifest(ref.key, manifest.to_json(), writer.new_chunks)
     seconds = time.perf_counter() - started
     return SaveResult(
         ref,

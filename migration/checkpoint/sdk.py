@@ -47,7 +47,7 @@ from .local import LocalStore
 from .manifest import EMERGENCY, FINAL, PERIODIC, ManifestRef, check_job
 from .report import AgentReporter
 from .snapshot import BufferPool, FrozenCache, Snapshot
-from .store import SaveResult, Store
+from .store import SaveResult, Store, lower_thread_priority
 from .urls import open_store
 
 logger = logging.getLogger(__name__)
@@ -495,6 +495,7 @@ class Checkpointer:
             self._worker.start()
 
     def _work(self) -> None:
+        lower_thread_priority()
         while True:
             with self._idle:
                 while self._job is None and not self._closed:
@@ -503,7 +504,8 @@ class Checkpointer:
                     return
                 job = self._job
             try:
-                self._commit(job, verify=self.verify, cancellable=True)
+                with self.store.background():
+                    self._commit(job, verify=self.verify, cancellable=True)
             except SaveCancelled:
                 logger.info("persist of step=%d cancelled by the final notice", job.step)
             except StoreError as exc:

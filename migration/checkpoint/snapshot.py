@@ -22,7 +22,7 @@ import numpy as np
 from .errors import StoreError
 from .manifest import ChunkList
 
-SMALL_TENSOR_BYTES = 256 * 1024
+SMALL_TENSOR_BYTES = 64 * 1024
 _ALIGN = 64
 _NUMPY_KINDS = "biufc"
 

@@ -13,7 +13,10 @@ Layout inside a store (a store URL is already a project's namespace):
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -48,7 +51,22 @@ DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 # reference them (its manifest is written after its chunks).
 DEFAULT_GC_GRACE_S = 600.0
 
+# Added to the nice value of background workers (Linux applies it per thread).
+BACKGROUND_NICE = 10
+
 Cancel = Callable[[], bool]
+
+
+def lower_thread_priority() -> None:
+    """Make the calling thread yield the CPU to the rest of the process (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        nice = os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, nice))
+    except OSError as exc:
+        logger.debug("could not lower the priority of a background thread: %s", exc)
 
 
 @dataclass
@@ -125,8 +143,9 @@ class Store(ABC):
             raise StoreError("chunk_size must be at least 4096 bytes")
         self.chunk_size = chunk_size
         self.workers = workers
-        self._pool: ThreadPoolExecutor | None = None
+        self._pools: dict[bool, ThreadPoolExecutor] = {}
         self._pool_lock = threading.Lock()
+        self._local = threading.local()
         self._present: set[str] = set()
 
     # ---- primitives a backend provides ------------------------------------------------------
@@ -147,6 +166,14 @@ class Store(ABC):
     @abstractmethod
     def _sync_chunks(self, chunks: Iterable[str]) -> None:
         """Make the chunks written so far durable (called before their manifest is written)."""
+
+    def _commit_manifest(self, key: str, data: bytes, new_chunks: Iterable[str]) -> None:
+        """Make the new chunks durable, then write the manifest: the commit point.
+
+        Backends may overlap the two as long as the manifest becomes visible only after the
+        chunks are durable."""
+        self._sync_chunks(new_chunks)
+        self._put_object(key, data)
 
     @abstractmethod
     def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
@@ -182,16 +209,35 @@ class Store(ABC):
     # ---- shared machinery -------------------------------------------------------------------
 
     def _executor(self) -> ThreadPoolExecutor:
+        """The worker pool for the calling thread's work (low priority inside `background()`)."""
+        background = bool(getattr(self._local, "background", False))
         with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="baton-store")
-            return self._pool
+            pool = self._pools.get(background)
+            if pool is None:
+                pool = ThreadPoolExecutor(
+                    self.workers,
+                    thread_name_prefix="baton-store-bg" if background else "baton-store",
+                    initializer=lower_thread_priority if background else None,
+                )
+                self._pools[background] = pool
+            return pool
+
+    @contextlib.contextmanager
+    def background(self) -> Iterator[None]:
+        """Within this block, the calling thread's store work runs on low-priority workers, so
+        a periodic persist yields the CPU to the training loop it runs beside."""
+        previous = getattr(self._local, "background", False)
+        self._local.background = True
+        try:
+            yield
+        finally:
+            self._local.background = previous
 
     def close(self) -> None:
         """Release the worker threads (the store may still be used; they are recreated)."""
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
             pool.shutdown(wait=True)
 
     def __enter__(self) -> Store:
@@ -330,7 +376,7 @@ class Store(ABC):
             chunks_new=len(writer.new_chunks),
             meta=dict(meta or {}),
         )
-        self._put_object(ref.key, manifest.to_json())
+        self._commit_manifest(ref.key, manifest.to_json(), writer.new_chunks)
         seconds = time.perf_counter() - started
         logger.debug(
             "committed %s: %d of %d bytes new in %.3fs",
@@ -534,8 +580,7 @@ class Store(ABC):
 
         pool = self._executor()
         self._run_all([pool.submit(copy_one, c, s) for c, s in manifest.chunks().items()])
-        target._sync_chunks(copied)
-        target._put_object(ref.key, raw)
+        target._commit_manifest(ref.key, raw, copied)
         stats.seconds = time.perf_counter() - started
         return stats
 
@@ -645,13 +690,12 @@ class _ChunkWriter:
         return chunk, len(view)
 
     def finish(self) -> None:
-        """Wait for every queued chunk, then make the new ones durable."""
+        """Wait for every queued chunk (their durability is the manifest commit's business)."""
         try:
             self.store._run_all(list(self.futures), self.abort)
         except BaseException:
             self.abort.set()
             raise
-        self.store._sync_chunks(self.new_chunks)
 
     def result(self, handle: tuple[int, int]) -> ChunkList:
         """The chunk list of a byte range queued with `add`."""

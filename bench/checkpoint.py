@@ -1,0 +1,588 @@
+"""Checkpoint benchmark: Baton's store and SDK against the usual ways of saving a model.
+
+    .venv/bin/python bench/checkpoint.py [--sizes 64,256,1024] [--dir D] [--repeat R] [--sweep]
+
+Prints one table. Every ratio is measured in this run against a baseline run in the same
+process, interleaved with it repetition by repetition (the median of per-repetition ratios, so
+a noisy neighbour slows both sides of a ratio alike):
+
+- full save of a state of N MiB against torch.save, safetensors save_file, numpy.savez and a
+  raw sequential write of the same bytes (the disk's limit). Every contender writes a fresh
+  file (or fresh store) and fsyncs it; timing stops when the bytes are durable;
+- restore against torch.load, each reading from disk (the files' pages are evicted from the
+  page cache with posix_fadvise before every read, for both);
+- emergency save: from SIGTERM to the committed manifest, against the raw write;
+- incremental save of lora_sim (frozen base of the largest size, ~2 % trainable): bytes written
+  over bytes changed, and time against the full save of the same state;
+- asynchronous checkpointing every N steps: training steps per second against no checkpoints.
+
+`--sweep` adds the measurements behind docs/decisions/001 and 002 (hash, chunk size).
+Torch and safetensors rows are skipped when those packages are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# The training loop of the async measurement computes with one BLAS thread, as the host side
+# of an accelerator job does; the second core is what the checkpoint I/O may use. Set before
+# numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from migration.checkpoint import LocalStore
+from migration.checkpoint.sdk import Checkpointer, capture_rng_states
+from migration.checkpoint.snapshot import Snapshot
+from migration.checkpoint.store import DEFAULT_CHUNK_SIZE
+
+MIB = 1024 * 1024
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
+
+Row = tuple[str, str, str, str, str, str, str]
+ROWS: list[Row] = []
+
+
+def row(
+    what: str,
+    size: str,
+    median_s: float | None,
+    rate: str,
+    ratio: str,
+    target: str = "",
+    met: str = "",
+) -> None:
+    """Add one line to the table (and show progress on stderr)."""
+    secs = f"{median_s:.3f}" if median_s is not None else ""
+    ROWS.append((what, size, secs, rate, ratio, target, met))
+    print(f"  {what} {size} {secs} {ratio}", file=sys.stderr, flush=True)
+
+
+def verdict(value: float, limit: float, larger_is_better: bool = False) -> str:
+    ok = value >= limit if larger_is_better else value <= limit
+    return "met" if ok else "MISSED"
+
+
+def gibps(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 2**30:.2f} GiB/s"
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def make_state(mib: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """N MiB of float32 in 16 MiB tensors (or smaller), plus 64 small 1 KiB tensors."""
+    rng = np.random.default_rng(seed)
+    state: dict[str, np.ndarray] = {}
+    left = mib * MIB
+    i = 0
+    while left > 0:
+        n = min(16 * MIB, left)
+        state[f"layer{i:03d}.weight"] = rng.random(n // 4, dtype=np.float32)
+        left -= n
+        i += 1
+    for j in range(64):
+        state[f"norm{j:03d}.bias"] = rng.random(256, dtype=np.float32)
+    return state
+
+
+def nbytes_of(state: dict[str, np.ndarray]) -> int:
+    return sum(a.nbytes for a in state.values())
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop these files' pages from the page cache (they are clean after fsync)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def files_under(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def fresh(path: Path) -> Path:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+    return path
+
+
+def interleaved(
+    contenders: dict[str, Callable[[], float]], baseline: str, repeat: int
+) -> dict[str, tuple[float, float]]:
+    """Run every contender `repeat` times, rotating the order; per contender the median time
+    and the median of its per-repetition ratio to the baseline."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for rep in range(repeat):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            times[name].append(contenders[name]())
+    result = {}
+    for name, values in times.items():
+        ratios = [v / b for v, b in zip(values, times[baseline], strict=True)]
+        result[name] = (statistics.median(values), statistics.median(ratios))
+    return result
+
+
+# ---- full save and restore --------------------------------------------------------------------
+
+
+def bench_size(mib: int, work: Path, repeat: int) -> None:
+    state = make_state(mib)
+    total = nbytes_of(state)
+    flat = np.concatenate([a.view(np.uint8) for a in state.values()])
+    label = f"{mib} MiB"
+    tensors: dict[str, Any] = {}
+    if HAS_TORCH:
+        import torch
+
+        tensors = {k: torch.from_numpy(v) for k, v in state.items()}
+
+    def raw() -> float:
+        path = fresh(work / "raw.bin")
+        started = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        view = memoryview(flat)
+        while view:
+            view = view[os.write(fd, view[: 64 * MIB]) :]
+        os.fsync(fd)
+        os.close(fd)
+        return time.perf_counter() - started
+
+    store_dir = work / "store"
+
+    def baton() -> float:
+        store = LocalStore(fresh(store_dir))
+        store._executor()
+        started = time.perf_counter()
+        store.save("bench", 1, state)
+        seconds = time.perf_counter() - started
+        store.close()
+        return seconds
+
+    def torch_save() -> float:
+        import torch
+
+        path = fresh(work / "model.pt")
+        started = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(tensors, f)
+            f.flush()
+            os.fsync(f.fileno())
+        return time.perf_counter() - started
+
+    def safetensors_save() -> float:
+        from safetensors.numpy import save_file
+
+        path = fresh(work / "model.safetensors")
+        started = time.perf_counter()
+        save_file(state, str(path))
+        fsync_path(path)
+        return time.perf_counter() - started
+
+    def numpy_save() -> float:
+        path = fresh(work / "model.npz")
+        started = time.perf_counter()
+        with open(path, "wb") as f:
+            np.savez(f, **state)
+            f.flush()
+            os.fsync(f.fileno())
+        return time.perf_counter() - started
+
+    contenders: dict[str, Callable[[], float]] = {"raw": raw, "baton": baton}
+    if HAS_TORCH:
+        contenders["torch.save"] = torch_save
+    if HAS_SAFETENSORS:
+        contenders["safetensors"] = safetensors_save
+    contenders["numpy.savez"] = numpy_save
+    saves = interleaved(contenders, "raw", repeat)
+    row(
+        "raw sequential write + fsync (baseline)",
+        label,
+        saves["raw"][0],
+        gibps(total, saves["raw"][0]),
+        "1.00x",
+    )
+    seconds, ratio = saves["baton"]
+    row(
+        "Baton full save (store.save)",
+        label,
+        seconds,
+        gibps(total, seconds),
+        f"{ratio:.2f}x raw",
+        "<= 1.30x raw",
+        verdict(ratio, 1.30),
+    )
+    for name, title in (
+        ("torch.save", "torch.save + fsync"),
+        ("safetensors", "safetensors save_file + fsync"),
+        ("numpy.savez", "numpy.savez + fsync"),
+    ):
+        if name in saves:
+            seconds, ratio = saves[name]
+            row(title, label, seconds, gibps(total, seconds), f"{ratio:.2f}x raw")
+
+    # Restore: both from disk (pages evicted before every read).
+    store = LocalStore(fresh(store_dir))
+    ref = store.save("bench", 1, state).ref
+    chunk_files = files_under(store_dir)
+    if HAS_TORCH:
+        torch_save()
+    loaded_ok = []
+
+    def baton_load() -> float:
+        evict(chunk_files)
+        started = time.perf_counter()
+        loaded = store.load(ref)
+        seconds = time.perf_counter() - started
+        loaded_ok.append(np.array_equal(loaded.state["layer000.weight"], state["layer000.weight"]))
+        return seconds
+
+    def torch_load() -> float:
+        import torch
+
+        evict([work / "model.pt"])
+        started = time.perf_counter()
+        torch.load(work / "model.pt")
+        return time.perf_counter() - started
+
+    if HAS_TORCH:
+        loads = interleaved({"torch.load": torch_load, "baton": baton_load}, "torch.load", repeat)
+        row(
+            "torch.load (from disk)",
+            label,
+            loads["torch.load"][0],
+            gibps(total, loads["torch.load"][0]),
+            "1.00x",
+        )
+        seconds, ratio = loads["baton"]
+        row(
+            "Baton restore (store.load, hash-checked)",
+            label,
+            seconds,
+            gibps(total, seconds),
+            f"{ratio:.2f}x torch.load",
+            "<= 1.00x",
+            verdict(ratio, 1.0),
+        )
+    assert all(loaded_ok)
+    store.close()
+
+    # Emergency save: SIGTERM -> committed manifest, training state changing every step.
+    def emergency() -> float:
+        store = LocalStore(fresh(store_dir))
+        ckpt = Checkpointer(store, job="bench", every_seconds=None, every_steps=None)
+        sent: list[float] = []
+
+        def notice() -> None:
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        timer = threading.Timer(0.15, notice)
+        timer.start()
+        step = 0
+        while not ckpt.should_stop:
+            step += 1
+            for tensor in state.values():  # a training step touches every tensor
+                tensor[step % tensor.size] += 1e-3
+            time.sleep(0.005)
+            ckpt.maybe_save(step, state)
+        done = time.perf_counter()
+        timer.join()
+        ckpt.close()
+        store.close()
+        return done - sent[0]
+
+    result = interleaved({"raw": raw, "emergency": emergency}, "raw", repeat)
+    seconds, ratio = result["emergency"]
+    target, met = ("<= 1.50x raw", verdict(ratio, 1.5)) if mib >= 1024 else ("", "")
+    row(
+        "Baton emergency save (SIGTERM -> commit)",
+        label,
+        seconds,
+        gibps(total, seconds),
+        f"{ratio:.2f}x raw",
+        target,
+        met,
+    )
+    for leftover in ("raw.bin", "model.pt", "model.safetensors", "model.npz", "store"):
+        fresh(work / leftover)
+
+
+# ---- incremental (lora_sim) -------------------------------------------------------------------
+
+
+def changed_bytes(before: dict[str, bytes], after: dict[str, bytes]) -> int:
+    return sum(len(v) for k, v in after.items() if before.get(k) != v)
+
+
+def flat_bytes(state: object, extra: object) -> dict[str, bytes]:
+    snap = Snapshot.capture(state, extra, copy=True, small_limit=0)
+    return {t.name: bytes(t.data) for t in snap.tensors if t.data is not None}
+
+
+def bench_lora(base_mib: int, work: Path, repeat: int) -> None:
+    from jobs.workloads.lora_sim import LoraSim
+
+    args = argparse.Namespace(
+        seed=0,
+        steps=1000,
+        base_mb=float(base_mib),
+        trainable_fraction=0.02,
+        state_mb=0.0,
+        step_ms=0.0,
+        lr=0.01,
+    )
+    model = LoraSim(args)
+    store = LocalStore(fresh(work / "lora"))
+    ckpt = Checkpointer(
+        store, job="lora", every_seconds=None, verify=False, install_signal_handlers=False
+    )
+    started = time.perf_counter()
+    ckpt.save(0, model.state())
+    full_s = time.perf_counter() - started
+    for step in range(3):  # past the first steps, where some adapter halves still sit at zero
+        model.train_step(step)
+    ratios, times, written, changed = [], [], [], []
+    for step in range(3, 3 + repeat):
+        before = flat_bytes(model.state(), {"user": None, "rng": capture_rng_states()})
+        model.train_step(step)
+        after = flat_bytes(model.state(), {"user": None, "rng": capture_rng_states()})
+        delta = changed_bytes(before, after)
+        started = time.perf_counter()
+        result = ckpt.save(step + 1, model.state())
+        times.append(time.perf_counter() - started)
+        written.append(result.bytes_new)
+        changed.append(delta)
+        ratios.append(result.bytes_new / delta)
+    total = result.bytes_total
+    ratio = statistics.median(ratios)
+    row(
+        f"lora_sim full save ({base_mib} MiB frozen base)",
+        f"{total / MIB:.0f} MiB",
+        full_s,
+        gibps(total, full_s),
+        "1.00x",
+    )
+    incr = statistics.median(times)
+    row(
+        "lora_sim incremental save: bytes written / changed",
+        f"{statistics.median(written) / MIB:.1f} of {statistics.median(changed) / MIB:.1f} MiB",
+        incr,
+        "",
+        f"{ratio:.3f}",
+        "<= 1.10",
+        verdict(ratio, 1.10),
+    )
+    row("lora_sim incremental save: time vs full save", "", incr, "", f"{incr / full_s:.3f}x full")
+    ckpt.close()
+    store.close()
+    fresh(work / "lora")
+
+
+# ---- asynchronous checkpointing ---------------------------------------------------------------
+
+
+def bench_async(state_mib: int, work: Path, repeat: int) -> None:
+    """Steps/s of a numpy MLP whose state is padded to `state_mib` (every chunk changes every
+    step), with async checkpoints every N steps against none."""
+    from jobs.workloads.mlp_numpy import NumpyMLP
+
+    steps = 240
+    every = 60
+    args = argparse.Namespace(
+        seed=0,
+        steps=steps,
+        batch=256,
+        hidden=1024,
+        lr=0.01,
+        state_mb=float(state_mib),
+        step_ms=0.0,
+    )
+
+    def train(checkpoint: bool) -> float:
+        model = NumpyMLP(args)
+        store = LocalStore(fresh(work / "async"))
+        ckpt = Checkpointer(
+            store,
+            job="async",
+            every_steps=every if checkpoint else None,
+            every_seconds=None,
+            install_signal_handlers=False,
+        )
+        started = time.perf_counter()
+        for step in range(steps):
+            model.train_step(step)
+            ckpt.maybe_save(step + 1, model.state(), val_loss=model.val_loss)
+        ckpt.wait()
+        elapsed = time.perf_counter() - started
+        assert not checkpoint or len(store.list("async")) == steps // every
+        ckpt.close()
+        store.close()
+        return steps / elapsed
+
+    result = interleaved(
+        {"none": lambda: train(False), "async": lambda: train(True)}, "none", repeat
+    )
+    none_rate, _ = result["none"]
+    async_rate, ratio = result["async"]
+    cost = 1 - ratio
+    row(
+        "training without checkpoints (baseline)",
+        f"{state_mib} MiB state",
+        None,
+        f"{none_rate:.1f} steps/s",
+        "1.00x",
+    )
+    interval = every / none_rate
+    row(
+        f"training with async checkpoint every {every} steps (~{interval:.1f} s)",
+        f"{state_mib} MiB state",
+        None,
+        f"{async_rate:.1f} steps/s",
+        f"{ratio:.3f}x ({cost * 100:+.1f}% cost)",
+        "cost <= 5%",
+        verdict(cost, 0.05),
+    )
+    fresh(work / "async")
+
+
+# ---- sweeps behind the decision notes ---------------------------------------------------------
+
+
+def sweep(work: Path, repeat: int) -> None:
+    import blake3
+
+    data = np.random.default_rng(0).bytes(256 * MIB)
+    view = memoryview(data)
+    chunk = 4 * MIB
+    hashers: dict[str, Callable[[memoryview], object]] = {
+        "blake3": lambda b: blake3.blake3(b).digest(),
+        "sha256": lambda b: hashlib.sha256(b).digest(),
+        "sha1": lambda b: hashlib.sha1(b).digest(),
+        "blake2b": lambda b: hashlib.blake2b(b).digest(),
+        "md5": lambda b: hashlib.md5(b).digest(),
+        "crc32 (not a content address)": lambda b: zlib.crc32(b),
+    }
+    for name, fn in hashers.items():
+        samples = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            for offset in range(0, len(data), chunk):
+                fn(view[offset : offset + chunk])
+            samples.append(time.perf_counter() - started)
+        seconds = statistics.median(samples)
+        row(f"hash {name}, 4 MiB pieces", "256 MiB", seconds, gibps(len(data), seconds), "")
+    state = make_state(256)
+    flat = np.concatenate([a.view(np.uint8) for a in state.values()])
+
+    def raw() -> float:
+        path = fresh(work / "raw.bin")
+        started = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        rest = memoryview(flat)
+        while rest:
+            rest = rest[os.write(fd, rest[: 64 * MIB]) :]
+        os.fsync(fd)
+        os.close(fd)
+        return time.perf_counter() - started
+
+    def saver(size: int) -> Callable[[], float]:
+        def save() -> float:
+            store = LocalStore(fresh(work / "sweep"), chunk_size=size)
+            store._executor()
+            started = time.perf_counter()
+            store.save("sweep", 1, state)
+            seconds = time.perf_counter() - started
+            store.close()
+            return seconds
+
+        return save
+
+    sizes = [1, 4, 8, 16, 64]
+    result = interleaved({"raw": raw, **{str(s): saver(s * MIB) for s in sizes}}, "raw", repeat)
+    for s in sizes:
+        seconds, ratio = result[str(s)]
+        row(
+            f"full save, {s} MiB chunks",
+            "256 MiB",
+            seconds,
+            gibps(nbytes_of(state), seconds),
+            f"{ratio:.2f}x raw",
+        )
+    fresh(work / "sweep")
+    fresh(work / "raw.bin")
+
+
+def print_table() -> None:
+    header: Row = ("measurement", "size", "median s", "rate", "ratio", "target", "")
+    widths = [max(len(r[i]) for r in [header, *ROWS]) for i in range(len(header))]
+    for line in [header, tuple("-" * w for w in widths), *ROWS]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="64,256,1024", help="State sizes in MiB.")
+    parser.add_argument("--dir", default=None, help="Scratch folder (default: a temp folder).")
+    parser.add_argument("--repeat", type=int, default=5, help="Repetitions per measurement.")
+    parser.add_argument("--async-mb", type=int, default=256, help="State size of the async run.")
+    parser.add_argument("--sweep", action="store_true", help="Also the hash/chunk-size sweeps.")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="baton-bench-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
+    started = time.perf_counter()
+    try:
+        if args.sweep:
+            sweep(work, args.repeat)
+        for mib in sizes:
+            bench_size(mib, work, args.repeat if mib < 1024 else max(3, args.repeat - 2))
+        bench_lora(max(sizes), work, args.repeat)
+        bench_async(args.async_mb, work, max(3, args.repeat - 2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"Baton checkpoint benchmark: chunk size {DEFAULT_CHUNK_SIZE // MIB} MiB, "
+        f"{os.cpu_count()} CPUs, scratch {scratch}, {time.perf_counter() - started:.0f} s"
+    )
+    print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
