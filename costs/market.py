@@ -9,8 +9,9 @@ The rule spends the deadline's slack (time to deadline minus remaining work) eve
 job's life instead of first-come-first-served ("uniform progress", after the NSDI'24 paper
 "Can't Be Late"):
 
-1. Safety net: when the slack no longer covers ``safety_restarts`` restarts (plus one decision
-   step), run on on-demand. On on-demand the slack stays constant, so this is for good.
+1. Safety net: when, after the next decision step, the slack would no longer cover
+   ``safety_restarts`` restarts, run on on-demand. On on-demand the slack stays constant, so
+   this is for good.
 2. Spot whenever spot is available; the job stays on it until it is preempted. A job on
    on-demand moves back to spot as soon as spot is available again (the slack allows it, or
    rule 1 would hold it).
@@ -50,6 +51,17 @@ SAFETY_RESTARTS = 2.0
 EPSILON_HOURS = 1e-9
 
 
+def _spot_progress(
+    market_now: np.ndarray | int,
+    restart_left_hours: np.ndarray | float,
+    restart_hours: np.ndarray | float,
+    step_hours: float,
+) -> np.ndarray | float:
+    """Work a step on spot would do: a held run finishes its restart, a new run pays a whole one."""
+    overhead = np.where(np.asarray(market_now) == SPOT, restart_left_hours, restart_hours)
+    return np.maximum(step_hours - overhead, 0.0)
+
+
 def deadline_action(
     remaining_work_hours: np.ndarray | float,
     hours_to_deadline: np.ndarray | float,
@@ -59,25 +71,30 @@ def deadline_action(
     spot_available: np.ndarray | bool,
     step_hours: float = 0.0,
     safety_restarts: float = SAFETY_RESTARTS,
+    restart_left_hours: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """What a deadline job should do next: ``WAIT``, ``SPOT`` or ``ON_DEMAND`` (element-wise).
 
-    ``market_now`` is the market code the job holds (``WAIT`` when idle or just preempted);
-    ``step_hours`` is how long the decision holds before the next one (a replay tick; 0 in
-    continuous time), which the safety net must leave room for. ``deadline_action_scalar`` is the
-    same rule for one job, without numpy's per-call cost.
+    ``market_now`` is the market code the job holds (``WAIT`` when idle or just preempted) and
+    ``restart_left_hours`` what is left of its current start's overhead. ``step_hours`` is how
+    long the decision holds before the next one (a replay tick; 0 in continuous time): the safety
+    net asks whether, *after* that step, on-demand could still finish with the kept restarts, so
+    a step on spot counts the work it does. ``deadline_action_scalar`` is the same rule for one
+    job, without numpy's per-call cost.
     """
     rem = np.asarray(remaining_work_hours, dtype=float)
-    left = np.asarray(hours_to_deadline, dtype=float)
+    left = np.asarray(hours_to_deadline, dtype=float) - step_hours
     rate = np.asarray(planned_rate, dtype=float)
     restart = np.asarray(restart_hours, dtype=float)
     now = np.asarray(market_now)
     spot = np.asarray(spot_available, dtype=bool)
+    reserve = safety_restarts * restart - EPSILON_HOURS
 
-    safety = left - step_hours < rem + safety_restarts * restart - EPSILON_HOURS
-    behind_plan = (rate > 0) & (rem > rate * (left - step_hours) + EPSILON_HOURS)
-    outage = np.where((now == ON_DEMAND) | behind_plan, ON_DEMAND, WAIT)
-    return np.where(safety, ON_DEMAND, np.where(spot, SPOT, outage))
+    spot_ok = left >= rem - _spot_progress(now, restart_left_hours, restart, step_hours) + reserve
+    wait_ok = left >= rem + reserve
+    behind_plan = (rate > 0) & (rem > rate * left + EPSILON_HOURS)
+    outage = np.where(wait_ok & (now != ON_DEMAND) & ~behind_plan, WAIT, ON_DEMAND)
+    return np.where(spot, np.where(spot_ok, SPOT, ON_DEMAND), outage)
 
 
 def deadline_action_scalar(
@@ -89,14 +106,16 @@ def deadline_action_scalar(
     spot_available: bool,
     step_hours: float = 0.0,
     safety_restarts: float = SAFETY_RESTARTS,
+    restart_left_hours: float = 0.0,
 ) -> int:
     """``deadline_action`` for one job (the policies call this once per decision)."""
     left = hours_to_deadline - step_hours
-    if left < remaining_work_hours + safety_restarts * restart_hours - EPSILON_HOURS:
-        return ON_DEMAND
+    reserve = safety_restarts * restart_hours - EPSILON_HOURS
     if spot_available:
-        return SPOT
-    if market_now == ON_DEMAND:
+        overhead = restart_left_hours if market_now == SPOT else restart_hours
+        progress = max(step_hours - overhead, 0.0)
+        return SPOT if left >= remaining_work_hours - progress + reserve else ON_DEMAND
+    if left < remaining_work_hours + reserve or market_now == ON_DEMAND:
         return ON_DEMAND
     if planned_rate > 0 and remaining_work_hours > planned_rate * left + EPSILON_HOURS:
         return ON_DEMAND
@@ -109,11 +128,18 @@ def safety_net_reached(
     restart_hours: float,
     step_hours: float = 0.0,
     safety_restarts: float = SAFETY_RESTARTS,
+    spot_progress_hours: float = 0.0,
 ) -> bool:
-    """True when the slack no longer covers the kept restarts: on-demand to the end."""
+    """True when the slack no longer covers the kept restarts: on-demand to the end.
+
+    ``spot_progress_hours`` is the work a step on spot would do (0 when spot is unavailable).
+    """
     return (
         hours_to_deadline - step_hours
-        < remaining_work_hours + safety_restarts * restart_hours - EPSILON_HOURS
+        < remaining_work_hours
+        - spot_progress_hours
+        + safety_restarts * restart_hours
+        - EPSILON_HOURS
     )
 
 

@@ -87,7 +87,8 @@ class MarketSituation:
     Hours are hours; prices are for the whole job per hour. ``total_work_hours`` and
     ``total_hours_to_deadline`` (both from submission) set the uniform-progress plan; without
     them the plan starts now. ``decision_step_hours`` is how long the decision holds before the
-    next one (the replay's tick; placement's re-evaluation period), which the safety net reserves.
+    next one (the replay's tick; placement's re-evaluation period), which the safety net reserves;
+    ``restart_left_hours`` what remains of the current start's overhead (0 at placement).
     """
 
     tolerance: str
@@ -108,6 +109,7 @@ class MarketSituation:
     allow_on_demand: bool = True
     lost_hours_per_interruption: float = 0.0
     decision_step_hours: float = 0.0
+    restart_left_hours: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tolerance not in TOLERANCES:
@@ -214,14 +216,20 @@ def _with_deadline(s: MarketSituation) -> MarketDecision:
         s.spot_available,
         step_hours=s.decision_step_hours,
         safety_restarts=safety,
+        restart_left_hours=s.restart_left_hours,
     )
     if code == ON_DEMAND:
+        overhead = (
+            s.restart_left_hours if s.current_market == MARKET_SPOT else s.restart_overhead_hours
+        )
+        progress = max(s.decision_step_hours - overhead, 0.0) if s.spot_available else 0.0
         if safety_net_reached(
             s.remaining_work_hours,
             s.hours_to_deadline,
             s.restart_overhead_hours,
             s.decision_step_hours,
             safety,
+            progress,
         ):
             return MarketDecision(
                 MARKET_ON_DEMAND,

@@ -35,11 +35,11 @@ from fractions import Fraction
 import numpy as np
 
 from costs.market import (
+    CODE_OF_MARKET,
     MARKET_ON_DEMAND,
     MARKET_SPOT,
     ON_DEMAND,
     SPOT,
-    WAIT,
     deadline_action_scalar,
 )
 from costs.policies import TOLERANCES, MarketDecision, MarketSituation, decide_market
@@ -71,27 +71,35 @@ class ReplayJob:
 
 @dataclass(frozen=True)
 class ReplayOutcome:
-    """What one plan realised on the trace. ``finish_hours`` is None when it never finished."""
+    """What one plan realised on the trace. ``finish_hours`` is None when it never finished.
+
+    The split into spot and on-demand hours and the count of starts are known for replayed
+    policies; the optimum (a cost, not a replay) leaves them None.
+    """
 
     cost: float
     finish_hours: float | None
     deadline_met: bool
     preemptions: int
-    spot_hours: float = 0.0
-    on_demand_hours: float = 0.0
-    restarts: int = 0
+    spot_hours: float | None = None
+    on_demand_hours: float | None = None
+    restarts: int | None = None
 
     def to_dict(self) -> dict[str, object]:
-        """The JSON shape of ``replay_policy --json`` (extra fields after the four required)."""
-        return {
+        """The JSON shape of ``replay_policy --json``: the four fields, then the known extras."""
+        out: dict[str, object] = {
             "cost": round(self.cost, 6),
             "finish_hours": None if self.finish_hours is None else round(self.finish_hours, 6),
             "deadline_met": self.deadline_met,
             "preemptions": self.preemptions,
-            "spot_hours": round(self.spot_hours, 6),
-            "on_demand_hours": round(self.on_demand_hours, 6),
-            "restarts": self.restarts,
         }
+        if self.spot_hours is not None:
+            out["spot_hours"] = round(self.spot_hours, 6)
+        if self.on_demand_hours is not None:
+            out["on_demand_hours"] = round(self.on_demand_hours, 6)
+        if self.restarts is not None:
+            out["restarts"] = self.restarts
+        return out
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ class ReplayState:
     spot_available: bool
     preemptions: int
     waited_hours: float  # since the job last ran on spot (or since it started)
+    restart_left_hours: float = 0.0  # of the held market's current start
 
 
 # A policy maps the state to the market for the tick: "spot", "on_demand" or None (wait).
@@ -201,6 +210,7 @@ def replay(
             spot_available=bool(avail[t]),
             preemptions=preemptions,
             waited_hours=(t - waited_since) * g,
+            restart_left_hours=o * grid.unit_hours if market is not None else 0.0,
         )
         choice = policy(state)
         if choice == MARKET_SPOT and not avail[t]:
@@ -260,10 +270,11 @@ def make_greedy_policy(job: ReplayJob) -> ReplayPolicy:
             state.hours_to_deadline,
             0.0,
             job.restart_overhead_hours,
-            ON_DEMAND if state.market == MARKET_ON_DEMAND else WAIT,
+            CODE_OF_MARKET[state.market],
             state.spot_available,
             step_hours=state.tick_hours,
             safety_restarts=1.0,
+            restart_left_hours=state.restart_left_hours,
         )
         return MARKET_ON_DEMAND if code == ON_DEMAND else MARKET_SPOT
 
@@ -306,6 +317,7 @@ def make_tolerance_policy(
                 waited_for_spot_hours=state.waited_hours,
                 max_wait_hours=max_wait_hours,
                 decision_step_hours=state.tick_hours,
+                restart_left_hours=state.restart_left_hours,
             )
         )
         if decisions is not None:
