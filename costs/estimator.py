@@ -31,7 +31,7 @@ The model (docs/decisions/020-estimator-model.md):
   interruptions, clamped to [60 s, 6 h].
 
 ``expected_cost_to_finish`` is the closed form the balanced policy uses on every decision (no
-deadline, exponential spells; the Monte Carlo agrees with it there).
+deadline, exponential spells; the Monte Carlo agrees with it there, a test checks it).
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ MAX_CHECKPOINT_INTERVAL_S = 6 * 3600.0
 DEADLINE_CONFIDENCE = 0.95
 # Guard against a pathological input looping for ever (each sample moves one event per round).
 MAX_EVENT_ROUNDS = 20_000
+# Spot that needs more than this many held hours per hour of work (exp(rate x restart) in the
+# closed form) is hopeless: the estimate says it would not finish instead of simulating it.
+HOPELESS_OVERHEAD_FACTOR = 50.0
+# Spells longer than this (hours) are as good as endless; keeps sums of draws finite.
+ENDLESS_HOURS = 1e9
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,35 @@ def _lost_per_interruption_hours(inp: EstimateInput, interval_s: float) -> float
     return 0.0 if inp.emergency_checkpoint_fits else interval_s / 2 / 3600.0
 
 
+def expected_spot_held_hours(
+    remaining_work_hours: float,
+    interruption_rate_per_hour: float,
+    restart_hours: float,
+    on_spot_now: bool = False,
+    lost_hours_per_interruption: float = 0.0,
+    spot_work_rate: float = 1.0,
+) -> float:
+    """Expected hours of spot held (and billed) to finish, for exponential spells, in closed form.
+
+    Getting through a start's overhead ``R`` takes ``g = (exp(rate * R) - 1) / rate`` in
+    expectation (a run shorter than ``R`` is billed and wasted); during ``w`` hours of work
+    ``rate * w`` interruptions each need another ``g``. So ``H = w * exp(rate * R) + g`` (without
+    the first ``g`` for a job already running on spot), with ``w`` the work stretched by the
+    checkpoint share and by the work lost per interruption. Infinite when interruptions come
+    faster than the lost work can be redone.
+    """
+    rate = interruption_rate_per_hour
+    work = remaining_work_hours / spot_work_rate
+    if rate <= 0:
+        return work + (0.0 if on_spot_now else restart_hours)
+    if rate * lost_hours_per_interruption >= 1.0:
+        return math.inf
+    work /= 1.0 - rate * lost_hours_per_interruption
+    growth = math.exp(min(rate * restart_hours, 700.0))
+    first = 0.0 if on_spot_now else (growth - 1.0) / rate
+    return work * growth + first
+
+
 def expected_cost_to_finish(
     remaining_work_hours: float,
     spot_price_per_hour: float,
@@ -238,28 +272,27 @@ def expected_cost_to_finish(
 ) -> tuple[float, float]:
     """(spot, on-demand) expected cost to finish from here, in closed form.
 
-    Held spot hours ``H`` satisfy ``H = work / spot_work_rate + start + rate * H * (restart +
-    lost)``: every interruption costs a restart and the lost work, and periodic checkpoints take
-    ``1 - spot_work_rate`` of spot time. When ``rate * (restart + lost) >= 1`` the job never gets
-    ahead on spot and its spot cost is infinite. No restart is charged for the market the job
-    already holds.
+    Spot: the price times ``expected_spot_held_hours`` (no deadline, exponential spells; waiting
+    for spot is free). On-demand: the price times the work plus one restart, none when the job
+    already runs there. The balanced policy compares the two on every decision.
     """
-    loss = interruption_rate_per_hour * (restart_hours + lost_hours_per_interruption)
-    first_spot = 0.0 if current_market == MARKET_SPOT else restart_hours
-    first_od = 0.0 if current_market == MARKET_ON_DEMAND else restart_hours
-    spot = (
-        spot_price_per_hour * (remaining_work_hours / spot_work_rate + first_spot) / (1.0 - loss)
-        if loss < 1.0
-        else math.inf
+    held = expected_spot_held_hours(
+        remaining_work_hours,
+        interruption_rate_per_hour,
+        restart_hours,
+        current_market == MARKET_SPOT,
+        lost_hours_per_interruption,
+        spot_work_rate,
     )
-    return spot, on_demand_price_per_hour * (remaining_work_hours + first_od)
+    first_od = 0.0 if current_market == MARKET_ON_DEMAND else restart_hours
+    return spot_price_per_hour * held, on_demand_price_per_hour * (remaining_work_hours + first_od)
 
 
 def _draw_spells(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
     """``n`` spell lengths with the given mean and coefficient of variation."""
     if mean <= 0:
         return np.zeros(n)
-    if not math.isfinite(mean):
+    if mean >= ENDLESS_HOURS:
         return np.full(n, math.inf)
     if cv <= 1.0:
         shape = 1.0 / (cv * cv)
@@ -273,7 +306,7 @@ def _draw_spells(rng: np.random.Generator, mean: float, cv: float, n: int) -> np
 
 def _residual_spells(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
     """What is left of the spell under way at a random moment (length-biased, then uniform)."""
-    if mean <= 0 or not math.isfinite(mean):
+    if mean <= 0 or mean >= ENDLESS_HOURS:
         return _draw_spells(rng, mean, cv, n)
     pool = _draw_spells(rng, mean, cv, 8 * n)
     picked = rng.choice(pool, size=n, p=pool / pool.sum())
@@ -295,7 +328,7 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
     rng = np.random.default_rng(inp.seed)
     n = inp.samples
     rate = inp.interruption_rate_per_hour
-    mean_up = 1.0 / rate if rate > 0 else math.inf
+    mean_up = 1.0 / rate if rate > 1.0 / ENDLESS_HOURS else math.inf
     mean_down = inp.mean_outage_hours
     restart = inp.restart_hours
     kappa = _spot_work_rate(inp, interval_s)
@@ -412,6 +445,18 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
             wait_since = np.where(flip & ~up & (market == WAIT), t, wait_since)
 
     return _Runs(cost, finish, interruptions, lost, spot_hours, od_hours)
+
+
+def _hopeless(inp: EstimateInput, interval_s: float) -> bool:
+    """Whether spot would need absurdly many held hours per hour of work."""
+    loss = inp.restart_hours + _lost_per_interruption_hours(inp, interval_s)
+    return inp.interruption_rate_per_hour * loss > math.log(HOPELESS_OVERHEAD_FACTOR)
+
+
+def _never() -> _Runs:
+    """Runs that never finish: what a hopeless spot outlook summarises to."""
+    endless, nothing = np.full(10, math.inf), np.zeros(10)
+    return _Runs(endless, endless, nothing, nothing, nothing, nothing)
 
 
 def _summarise_spot(inp: EstimateInput, runs: _Runs) -> MarketEstimate:
@@ -535,7 +580,8 @@ def _recommend(
 def estimate(inp: EstimateInput) -> Estimate:
     """Spot and on-demand outlooks for ``inp``, the recommendation and its reasons."""
     interval_s = checkpoint_interval_seconds(inp)
-    spot = _summarise_spot(inp, _simulate_spot(inp, interval_s))
+    runs = _never() if _hopeless(inp, interval_s) else _simulate_spot(inp, interval_s)
+    spot = _summarise_spot(inp, runs)
     od = _on_demand(inp)
     recommendation, reasons = _recommend(inp, spot, od, interval_s)
     return Estimate(

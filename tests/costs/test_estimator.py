@@ -1,0 +1,220 @@
+"""The cost-benefit estimator: properties of the model and the API shape."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costs.estimator import (
+    EstimateInput,
+    estimate,
+    expected_cost_to_finish,
+    young_daly_interval_seconds,
+)
+
+
+def _input(**overrides: object) -> EstimateInput:
+    fields: dict[str, object] = {
+        "work_hours": 10.0,
+        "spot_price_per_hour": 0.918,
+        "on_demand_price_per_hour": 3.06,
+        "interruption_rate_per_hour": 0.5,
+        "checkpoint_gb": 5.0,
+        "migration_overhead_hours": 0.1,
+        "samples": 400,
+    }
+    fields.update(overrides)
+    return EstimateInput(**fields)  # type: ignore[arg-type]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rate=st.floats(0.0, 1.5),
+    step=st.floats(0.15, 1.0),
+    outage=st.sampled_from([0.0, 0.5, 2.0]),
+    deadline=st.sampled_from([None, 14.0]),
+)
+def test_expected_spot_cost_grows_with_the_interruption_rate(
+    rate: float, step: float, outage: float, deadline: float | None
+) -> None:
+    calm = estimate(
+        _input(interruption_rate_per_hour=rate, mean_outage_hours=outage, deadline_hours=deadline)
+    )
+    busy = estimate(
+        _input(
+            interruption_rate_per_hour=rate + step,
+            mean_outage_hours=outage,
+            deadline_hours=deadline,
+        )
+    )
+    assert busy.spot.expected_cost > calm.spot.expected_cost
+
+
+@settings(max_examples=15, deadline=None)
+@given(rate=st.floats(0.0, 3.0), work=st.floats(0.5, 100), checkpoint=st.floats(0, 200))
+def test_on_demand_cost_does_not_depend_on_the_interruption_rate(
+    rate: float, work: float, checkpoint: float
+) -> None:
+    base = estimate(_input(work_hours=work, checkpoint_gb=checkpoint, samples=50))
+    other = estimate(
+        _input(
+            work_hours=work, checkpoint_gb=checkpoint, interruption_rate_per_hour=rate, samples=50
+        )
+    )
+    assert other.on_demand == base.on_demand
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    work=st.floats(0.1, 200),
+    price=st.floats(0.05, 10),
+    deadline_slack=st.sampled_from([None, 0.0, 5.0]),
+)
+def test_with_no_interruptions_spot_cost_is_spot_price_times_work(
+    work: float, price: float, deadline_slack: float | None
+) -> None:
+    deadline = None if deadline_slack is None else work + 1 + deadline_slack
+    result = estimate(
+        _input(
+            work_hours=work,
+            spot_price_per_hour=price,
+            interruption_rate_per_hour=0.0,
+            checkpoint_gb=0.0,
+            migration_overhead_hours=0.0,
+            deadline_hours=deadline,
+            spot_available_now=True,
+            samples=50,
+        )
+    )
+    assert result.spot.expected_cost == pytest.approx(price * work)
+    assert result.spot.expected_interruptions == 0
+    assert result.spot.p90_hours == pytest.approx(work)
+
+
+def test_each_start_adds_the_restart_to_the_bill() -> None:
+    result = estimate(
+        _input(interruption_rate_per_hour=0.0, checkpoint_gb=0.0, spot_available_now=True)
+    )
+    assert result.spot.expected_cost == pytest.approx(0.918 * 10.1)
+    assert result.on_demand.expected_cost == pytest.approx(3.06 * 10.1)
+    assert result.on_demand.expected_hours == pytest.approx(10.1)
+
+
+@pytest.mark.parametrize("rate, restart", [(0.8, 0.1), (2.0, 0.5), (5.0, 0.5)])
+def test_the_monte_carlo_agrees_with_the_closed_form_without_a_deadline(
+    rate: float, restart: float
+) -> None:
+    inp = _input(
+        work_hours=8,
+        interruption_rate_per_hour=rate,
+        migration_overhead_hours=restart,
+        checkpoint_gb=0.0,
+        samples=2000,
+    )
+    spot, on_demand = expected_cost_to_finish(8, 0.918, 3.06, rate, restart)
+    result = estimate(inp)
+    assert result.spot.expected_cost == pytest.approx(spot, rel=0.03)
+    assert result.on_demand.expected_cost == pytest.approx(on_demand)
+
+
+def test_the_estimate_serialises_to_the_api_shape() -> None:
+    payload = estimate(_input(deadline_hours=14)).to_dict()
+    json.dumps(payload)
+    assert set(payload) >= {
+        "spot",
+        "on_demand",
+        "recommendation",
+        "checkpoint_interval_s",
+        "reasons",
+    }
+    for side in ("spot", "on_demand"):
+        assert set(payload[side]) >= {
+            "expected_cost",
+            "expected_hours",
+            "p90_hours",
+            "expected_interruptions",
+            "expected_lost_hours",
+        }
+    assert payload["recommendation"] in ("spot", "on_demand")
+    assert payload["reasons"] and all(isinstance(r, str) and r for r in payload["reasons"])
+
+
+def test_the_same_seed_gives_the_same_estimate_and_another_seed_a_close_one() -> None:
+    inp = _input(mean_outage_hours=1.0, uptime_cv=2.0, outage_cv=2.0, deadline_hours=14)
+    assert estimate(inp) == estimate(inp)
+    other = estimate(EstimateInput(**{**inp.__dict__, "seed": 7}))
+    assert other.spot.expected_cost == pytest.approx(estimate(inp).spot.expected_cost, rel=0.05)
+
+
+def test_p90_time_is_at_least_the_expected_time_when_spot_waits_for_capacity() -> None:
+    result = estimate(_input(mean_outage_hours=2.0))
+    assert result.spot.p90_hours >= result.spot.expected_hours
+    assert result.spot.expected_hours > 10.0
+
+
+def test_young_daly_interval_for_a_one_minute_save_and_an_hour_between_interruptions() -> None:
+    # sqrt(2 x 60 x 3600) x (1 + sqrt(60 / 7200) / 3 + 60 / 64800) - 60
+    expected = math.sqrt(2 * 60 * 3600) * (1 + math.sqrt(60 / 7200) / 3 + 60 / 64800) - 60
+    assert young_daly_interval_seconds(60, 3600) == pytest.approx(expected)
+    assert young_daly_interval_seconds(0, 3600) == 60.0
+    assert young_daly_interval_seconds(60, math.inf) == 6 * 3600.0
+
+
+def test_a_checkpoint_too_big_for_the_notice_loses_work_on_every_interruption() -> None:
+    small = estimate(_input(checkpoint_gb=5.0))
+    big = estimate(_input(checkpoint_gb=500.0))
+    assert small.spot.expected_lost_hours == 0
+    assert big.spot.expected_lost_hours > 0
+    assert any("notice" in reason for reason in big.reasons)
+
+
+def test_a_deadline_on_spot_is_met_by_moving_to_on_demand_in_time() -> None:
+    result = estimate(
+        _input(
+            work_hours=20,
+            deadline_hours=22,
+            interruption_rate_per_hour=1.0,
+            mean_outage_hours=3.0,
+            outage_cv=2.0,
+        )
+    )
+    assert result.spot.deadline_met_probability == 1.0
+    assert result.spot.p90_hours <= 22
+    assert result.spot.expected_on_demand_hours > 0
+
+
+def test_it_recommends_on_demand_when_spot_would_never_finish() -> None:
+    # exp(10 x 0.5) = 148 held hours per hour of work: hopeless.
+    result = estimate(_input(interruption_rate_per_hour=10.0, migration_overhead_hours=0.5))
+    assert result.spot.expected_cost is None
+    assert result.spot.p90_hours is None
+    assert result.recommendation == "on_demand"
+
+
+def test_it_recommends_on_demand_when_it_is_cheaper() -> None:
+    result = estimate(_input(spot_price_per_hour=3.0, interruption_rate_per_hour=1.0))
+    assert result.recommendation == "on_demand"
+
+
+def test_it_recommends_spot_when_it_saves_money() -> None:
+    result = estimate(_input())
+    assert result.recommendation == "spot"
+    assert any("less" in reason for reason in result.reasons)
+
+
+def test_without_a_deadline_the_max_wait_buys_on_demand_time() -> None:
+    result = estimate(_input(mean_outage_hours=5.0, max_wait_hours=0.5, spot_available_now=False))
+    assert result.spot.expected_on_demand_hours > 0
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("work_hours", -1.0), ("interruption_rate_per_hour", math.nan), ("deadline_hours", 0.0)],
+)
+def test_it_refuses_nonsense_input(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        _input(**{field: value})
