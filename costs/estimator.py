@@ -313,6 +313,24 @@ def _residual_spells(rng: np.random.Generator, mean: float, cv: float, n: int) -
     return picked * rng.random(n)
 
 
+class _SpellSource:
+    """Spell lengths drawn a block at a time: one draw per round per sample would dominate."""
+
+    def __init__(self, rng: np.random.Generator, mean: float, cv: float, n: int) -> None:
+        self._rng, self._mean, self._cv, self._n = rng, mean, cv, n
+        self._block = np.empty(0)
+        self._at = 0
+
+    def take(self) -> np.ndarray:
+        """``n`` fresh spell lengths."""
+        if self._at + self._n > self._block.size:
+            self._block = _draw_spells(self._rng, self._mean, self._cv, 16 * self._n)
+            self._at = 0
+        out = self._block[self._at : self._at + self._n]
+        self._at += self._n
+        return out
+
+
 @dataclass
 class _Runs:
     cost: np.ndarray
@@ -347,6 +365,8 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
         _residual_spells(rng, mean_up, inp.uptime_cv, n),
         _residual_spells(rng, mean_down, inp.outage_cv, n),
     )
+    ups = _SpellSource(rng, mean_up, inp.uptime_cv, n)
+    downs = _SpellSource(rng, mean_down, inp.outage_cv, n)
     t = np.zeros(n)
     rem = np.full(n, float(inp.work_hours))
     market = np.full(n, WAIT)
@@ -438,9 +458,8 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
                 lost += np.where(preempted, loss, 0.0)
                 market = np.where(preempted, WAIT, market)
                 wait_since = np.where(preempted, t, wait_since)
-            fresh_down = _draw_spells(rng, mean_down, inp.outage_cv, n)
-            fresh_up = _draw_spells(rng, mean_up, inp.uptime_cv, n)
-            spell_end = np.where(flip, t + np.where(up, fresh_down, fresh_up), spell_end)
+            fresh = np.where(up, downs.take(), ups.take())
+            spell_end = np.where(flip, t + fresh, spell_end)
             up = up ^ flip
             wait_since = np.where(flip & ~up & (market == WAIT), t, wait_since)
 
