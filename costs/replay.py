@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -39,7 +39,6 @@ from costs.market import (
     MARKET_ON_DEMAND,
     MARKET_SPOT,
     ON_DEMAND,
-    SPOT,
     deadline_action_scalar,
 )
 from costs.policies import TOLERANCES, MarketDecision, MarketSituation, decide_market
@@ -157,10 +156,10 @@ class Grid:
 
 
 def _spot_prices(n_ticks: int, job: ReplayJob, prices: np.ndarray | None) -> np.ndarray:
-    if prices is None:
-        return np.full(n_ticks, job.spot_price)
+    """Spot price per tick: the trace's where it has them, the job's flat price elsewhere."""
     out = np.full(n_ticks, job.spot_price)
-    out[: min(n_ticks, prices.size)] = prices[:n_ticks]
+    if prices is not None:
+        out[: min(n_ticks, prices.size)] = prices[:n_ticks]
     return out
 
 
@@ -514,7 +513,6 @@ class ReplayComparison:
     on_demand: ReplayOutcome
     greedy: ReplayOutcome
     optimal: ReplayOutcome
-    extra: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """``{"policy": {...}, "on_demand": {...}, "greedy": {...}, "optimal": {...}}``."""
@@ -545,7 +543,6 @@ def compare(
 __all__ = [
     "DEFAULT_ON_DEMAND_PRICE",
     "DEFAULT_SPOT_PRICE",
-    "SPOT",
     "Grid",
     "ReplayComparison",
     "ReplayJob",
