@@ -18,6 +18,13 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
 
+from costs.estimator import (
+    DEFAULT_MIGRATION_OVERHEAD_HOURS,
+    DEFAULT_NOTICE_SECONDS,
+    Estimate,
+    EstimateInput,
+    estimate,
+)
 from costs.history import (
     PriceRow,
     Run,
@@ -28,6 +35,7 @@ from costs.history import (
 )
 from costs.models import AvailabilitySample, PriceSample
 from costs.traces import available_hours, load_trace, preemption_count
+from jobs.models import Job
 from migration.choices import Market
 from migration.models import Accelerator, CapacityPool, Region
 
@@ -193,3 +201,43 @@ def refresh_pool_figures() -> None:
             pool.interruption_rate_per_hour = rate
             pool.price_per_hour = price
             pool.save(update_fields=["interruption_rate_per_hour", "price_per_hour"])
+
+
+def estimate_input(job: Job) -> EstimateInput | None:
+    """The estimator's view of a job (saved or not) on the pools placement would use now;
+    None when no pool of either market fits it."""
+    from migration.selectors import migration_overhead_hours
+    from migration.services import market_situation, prospects
+
+    seen = prospects(job)
+    if seen.spot_fit is None and seen.on_demand_fit is None:
+        return None
+    situation = market_situation(job, seen)
+    spot = seen.price(Market.SPOT)
+    on_demand = seen.price(Market.ON_DEMAND)
+    # A market with no fitting pool is priced like the other, so the comparison says so
+    # through availability rather than through an infinite price.
+    spot, on_demand = (
+        on_demand if spot == float("inf") else spot,
+        spot if on_demand == float("inf") else on_demand,
+    )
+    deadline_hours = situation.hours_to_deadline
+    return EstimateInput(
+        work_hours=situation.remaining_work_hours,
+        spot_price_per_hour=spot,
+        on_demand_price_per_hour=on_demand,
+        interruption_rate_per_hour=seen.interruption_rate,
+        checkpoint_gb=job.checkpoint_gb,
+        migration_overhead_hours=migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS),
+        deadline_hours=deadline_hours if deadline_hours and deadline_hours > 0 else None,
+        max_wait_hours=job.max_wait_s / 3600,
+        spot_available_now=situation.spot_available,
+        notice_seconds=seen.spot_fit.notice_s if seen.spot_fit else DEFAULT_NOTICE_SECONDS,
+        seed=0,  # the same job on the same pools gets the same estimate
+    )
+
+
+def estimate_job(job: Job) -> Estimate | None:
+    """Spot against on-demand for a job, before it launches (DESIGN §7)."""
+    inputs = estimate_input(job)
+    return estimate(inputs) if inputs else None

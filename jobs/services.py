@@ -63,17 +63,27 @@ def set_state(job: Job, state: str, **fields: Any) -> None:
     job.save(update_fields=["state", "updated_at", *fields])
 
 
+def build_job(owner: AbstractBaseUser, **fields: Any) -> Job:
+    """An unsaved job from validated fields, with the estimator's inputs filled in."""
+    hours, gb = derived_inputs(fields["workload"], fields["total_steps"])
+    fields["expected_hours"] = fields.get("expected_hours") or hours
+    fields["checkpoint_gb"] = fields.get("checkpoint_gb") or gb
+    return Job(owner=owner, **fields)
+
+
 @transaction.atomic
 def submit_job(owner: AbstractBaseUser, **fields: Any) -> Job:
-    """Create a job from validated fields and queue its placement after commit."""
+    """Create a job from validated fields with its cost estimate, and queue its placement
+    after commit."""
+    from costs.services import estimate_job
     from migration.tasks import place_job_task
 
     if fields.get("project") is None:
         fields["project"] = ensure_personal_project(owner)
-    hours, gb = derived_inputs(fields["workload"], fields["total_steps"])
-    fields["expected_hours"] = fields.get("expected_hours") or hours
-    fields["checkpoint_gb"] = fields.get("checkpoint_gb") or gb
-    job = Job.objects.create(owner=owner, **fields)
+    job = build_job(owner, **fields)
+    estimate = estimate_job(job)
+    job.estimate = estimate.to_dict() if estimate else None
+    job.save()
     record_event(job, TimelineKind.JOB_SUBMITTED, {"by": owner.get_username()})
     transaction.on_commit(lambda: place_job_task.delay(job.pk))
     return job

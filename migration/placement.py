@@ -28,6 +28,7 @@ class PoolView:
     price_per_hour: float
     free: int
     interruption_rate_per_hour: float = 0.0
+    notice_s: float = 120.0  # advance notice plus final window: time for an emergency save
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,25 @@ def _score(pool: PoolView, option: HardwareOption, request: PlacementRequest) ->
     if pool.region in request.replica_regions:
         cost *= 1 - LOCALITY_BONUS
     return option.substitute, cost
+
+
+def cheapest_fit(request: PlacementRequest, pools: list[PoolView]) -> PoolView | None:
+    """The pool `choose_pool` would prefer if capacity were no object (exact card first, then
+    price under the cap): what the market would cost, even while it is full."""
+    fitting = [
+        (pool, option)
+        for pool in pools
+        if pool.market == request.market
+        for option in request.options
+        if _fits(pool, option)
+        and (
+            request.max_price_per_hour is None
+            or pool.price_per_hour * request.nodes <= request.max_price_per_hour
+        )
+    ]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda po: (_score(po[0], po[1], request), po[0].id))[0]
 
 
 def choose_pool(request: PlacementRequest, pools: list[PoolView]) -> PlacementChoice | Rejection:

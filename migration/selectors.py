@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import DurationField, ExpressionWrapper, F
+
 from jobs.models import Job
 from migration.events import serialize_event
-from migration.models import TimelineEvent
+from migration.models import Migration, TimelineEvent
 
 REPLAY_LIMIT = 5000
 
@@ -24,3 +26,18 @@ def job_events_after(job_id: int, since: int) -> list[dict[str, Any]]:
 def fleet_events_after(since: int) -> list[dict[str, Any]]:
     events = TimelineEvent.objects.filter(id__gt=since).order_by("id")
     return [serialize_event(e) for e in events[:REPLAY_LIMIT]]
+
+
+def migration_overhead_hours(default: float, last: int = 50) -> float:
+    """Mean duration of the last finished migrations (notice to running again), or `default`
+    before there is any: the restart overhead the estimator and the policies charge."""
+    took = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+    durations = list(
+        Migration.objects.filter(finished_at__isnull=False)
+        .order_by("-finished_at")
+        .annotate(took=took)
+        .values_list("took", flat=True)[:last]
+    )
+    if not durations:
+        return default
+    return sum(d.total_seconds() for d in durations) / len(durations) / 3600

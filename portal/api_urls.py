@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
+from costs.api.views import EstimateView
 from jobs.api.views import JobViewSet
 from migration.api.agent import AgentEventsView, AgentLogsView
 from migration.api.views import InstanceViewSet, PoolViewSet
@@ -20,6 +21,7 @@ urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("estimates/", EstimateView.as_view(), name="estimates"),
     path("agent/events/", AgentEventsView.as_view(), name="agent-events"),
     path("agent/logs/", AgentLogsView.as_view(), name="agent-logs"),
     path("", include(router.urls)),

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from jobs import services as job_services
 from jobs.models import Job
 from migration import services
-from migration.models import Instance, TimelineEvent
+from migration.models import CapacityPool, Instance, TimelineEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +42,8 @@ def test_it_reserves_the_cheapest_spot_pool_and_records_why(catalogue: Any, alic
     assert Instance.objects.filter(job=job, state="provisioning").count() == 1
     event = TimelineEvent.objects.get(job=job, kind="placement_decided")
     assert event.data["pool"] == job.pool_id and event.data["market"] == "spot"
-    assert "cheapest" in event.data["reason"]
+    assert "cheapest compatible spot pool" in event.data["reason"].lower()
+    assert event.data["policy"] == "spot"
 
 
 def test_placing_twice_does_not_reserve_twice(catalogue: Any, alice: Any) -> None:
@@ -63,17 +66,92 @@ def test_a_gang_is_placed_in_one_pool(catalogue: Any, alice: Any) -> None:
     assert instances.values("pool").distinct().count() == 1
 
 
-def test_a_full_market_falls_back_to_on_demand_when_allowed(catalogue: Any, alice: Any) -> None:
+def test_a_job_waits_for_spot_up_to_its_max_wait_then_falls_back_to_on_demand(
+    catalogue: Any, alice: Any
+) -> None:
     first = submit(alice, catalogue, accelerator="V100-16GB")
-    second = submit(alice, catalogue, accelerator="V100-16GB")
-
+    second = submit(alice, catalogue, accelerator="V100-16GB", max_wait_s=600)
     services.place_job(first.pk)
+
+    services.place_job(second.pk)
+    services.place_job(second.pk)  # beat's retry: still waiting, told once
+    second.refresh_from_db()
+    assert second.state == "waiting" and kinds(second).count("waiting") == 1
+    Job.objects.filter(pk=second.pk).update(waiting_since=timezone.now() - timedelta(minutes=11))
     services.place_job(second.pk)
 
     second.refresh_from_db()
     assert second.market == "on_demand" and second.pool == catalogue["pools"]["v100_od"]
-    reason = TimelineEvent.objects.get(job=second, kind="placement_decided").data["reason"]
-    assert "full" in reason and "on-demand" in reason
+    assert kinds(second)[-2:] == ["fallback_on_demand", "placement_decided"]
+    fallback = TimelineEvent.objects.get(job=second, kind="fallback_on_demand").data
+    assert fallback["policy"] == "max_wait" and "max wait" in fallback["reason"]
+
+
+def test_a_conservative_job_avoids_spot_that_is_interrupted_often(
+    catalogue: Any, alice: Any
+) -> None:
+    CapacityPool.objects.filter(market="spot").update(interruption_rate_per_hour=1.2)
+    job = submit(alice, catalogue, tolerance="conservative")
+
+    services.place_job(job.pk)
+
+    job.refresh_from_db()
+    assert job.market == "on_demand"
+    assert (
+        TimelineEvent.objects.get(job=job, kind="fallback_on_demand").data["policy"]
+        == "conservative_rate"
+    )
+
+
+def test_a_balanced_job_takes_on_demand_when_spot_is_expected_to_cost_more(
+    catalogue: Any, alice: Any
+) -> None:
+    CapacityPool.objects.filter(market="spot", accelerator__name="V100-16GB").update(
+        interruption_rate_per_hour=30.0
+    )
+    job = submit(alice, catalogue, accelerator="V100-16GB", tolerance="balanced")
+
+    services.place_job(job.pk)
+
+    job.refresh_from_db()
+    assert job.market == "on_demand"
+    assert (
+        "expected to cost"
+        in TimelineEvent.objects.get(job=job, kind="fallback_on_demand").data["reason"]
+    )
+
+
+def test_a_deadline_without_slack_goes_straight_to_on_demand(catalogue: Any, alice: Any) -> None:
+    job = submit(
+        alice,
+        catalogue,
+        tolerance="aggressive",
+        expected_hours=2.0,
+        deadline=timezone.now() + timedelta(hours=2, minutes=5),
+    )
+
+    services.place_job(job.pk)
+
+    job.refresh_from_db()
+    assert job.market == "on_demand"
+    assert (
+        TimelineEvent.objects.get(job=job, kind="fallback_on_demand").data["policy"] == "safety_net"
+    )
+
+
+def test_a_deadline_with_slack_stays_on_spot(catalogue: Any, alice: Any) -> None:
+    job = submit(
+        alice,
+        catalogue,
+        tolerance="aggressive",
+        expected_hours=2.0,
+        deadline=timezone.now() + timedelta(hours=10),
+    )
+
+    services.place_job(job.pk)
+
+    job.refresh_from_db()
+    assert job.market == "spot"
 
 
 def test_a_job_waits_when_nothing_fits_and_is_placed_when_capacity_frees(
