@@ -69,6 +69,7 @@ class S3Store(Store):
     """A store at `s3://bucket/prefix`; credentials come from the usual AWS environment."""
 
     _cache_presence = True
+    verify_after_write = True
 
     def __init__(
         self,

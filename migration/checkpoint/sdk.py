@@ -152,7 +152,7 @@ class Checkpointer:
         resume: str | None = None,
         agent_url: str | None = None,
         async_save: bool = True,
-        verify: bool = True,
+        verify: bool | None = None,
         install_signal_handlers: bool = True,
         owns_store: bool = False,
     ) -> None:
@@ -164,7 +164,9 @@ class Checkpointer:
         self.every_seconds = every_seconds if every_seconds and every_seconds > 0 else None
         self.resume = resume or None
         self.async_save = async_save
-        self.verify = verify
+        # The read-back of a periodic save catches corruption on the way to a remote store; on
+        # a local disk it would read the page cache it just wrote, so it is skipped there.
+        self.verify = store.verify_after_write if verify is None else verify
         self._owns_store = owns_store
         self.reporter = AgentReporter(agent_url)
         self.last_committed: SaveResult | None = None

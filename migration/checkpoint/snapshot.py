@@ -13,6 +13,7 @@ torch is never imported here unless the caller already imported it: if `torch` i
 from __future__ import annotations
 
 import base64
+import mmap
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +23,31 @@ import numpy as np
 from .errors import StoreError
 from .manifest import ChunkList
 
-SMALL_TENSOR_BYTES = 64 * 1024
+SMALL_TENSOR_BYTES = 256 * 1024
 _ALIGN = 64
 _NUMPY_KINDS = "biufc"
+
+
+class PrivateMap(mmap.mmap):
+    """Anonymous memory only the array made from it can reach (see `aligned_empty`)."""
+
+
+_MAP_MIN = 1024 * 1024
+
+
+def aligned_empty(nbytes: int, align: int = 4096) -> np.ndarray:
+    """An uninitialised uint8 array whose data starts on an `align` boundary (O_DIRECT I/O).
+
+    Large buffers come straight from an anonymous mapping: page-aligned, and faulted in at a
+    predictable cost (numpy's allocator asks for transparent huge pages, whose first
+    compaction can stall for most of a second).
+    """
+    if nbytes >= _MAP_MIN and hasattr(mmap, "MAP_ANONYMOUS") and align <= mmap.PAGESIZE:
+        region = PrivateMap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return np.frombuffer(region, dtype=np.uint8, count=nbytes)
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start : start + nbytes]
 
 
 def _torch() -> Any | None:
@@ -48,7 +71,8 @@ def is_frozen(arr: np.ndarray) -> bool:
         if node.flags.writeable:
             return False
         node = node.base
-    return node is None or isinstance(node, bytes)
+    # bytes are immutable; a PrivateMap is reachable only through the arrays just checked.
+    return node is None or isinstance(node, bytes | PrivateMap)
 
 
 @dataclass
@@ -85,7 +109,7 @@ class BufferPool:
         """A uint8 buffer of `nbytes` for tensor `name`, reused when the size matches."""
         buf = self._buffers.get(name)
         if buf is None or buf.nbytes != nbytes:
-            buf = np.empty(nbytes, dtype=np.uint8)
+            buf = aligned_empty(nbytes)
             self._buffers[name] = buf
         return buf
 
@@ -160,18 +184,14 @@ class Snapshot:
         encoder = _Encoder()
         tree = {"state": encoder.encode(state, "state"), "extra": encoder.encode(extra, "extra")}
         large: list[TensorSource] = []
-        small_entries: dict[str, tuple[dict[str, Any], int]] = {}
-        small_views: list[tuple[int, memoryview]] = []
-        offset = 0
+        small: list[tuple[bool, TensorSource, memoryview]] = []
         frozen_seen: list[np.ndarray] = []
         for name, value in encoder.tensors.items():
             source, view, arr = _describe(name, value)
             if arr is not None and is_frozen(arr):
                 frozen_seen.append(arr)
             if source.nbytes <= small_limit:
-                small_entries[name] = (source.describe(), offset)
-                small_views.append((offset, view))
-                offset += -(-source.nbytes // _ALIGN) * _ALIGN
+                small.append((arr is not None and is_frozen(arr), source, view))
                 continue
             known = frozen.lookup(arr) if (frozen is not None and arr is not None) else None
             if arr is not None and is_frozen(arr):
@@ -191,6 +211,16 @@ class Snapshot:
             else:
                 source.data = view
             large.append(source)
+        # Frozen small tensors go first: they then fill the same leading pack chunks at every
+        # save, and only the chunks holding tensors that train are written again.
+        small.sort(key=lambda item: not item[0])
+        small_entries: dict[str, tuple[dict[str, Any], int]] = {}
+        small_views: list[tuple[int, memoryview]] = []
+        offset = 0
+        for _, source, view in small:
+            small_entries[source.name] = (source.describe(), offset)
+            small_views.append((offset, view))
+            offset += -(-source.nbytes // _ALIGN) * _ALIGN
         pack_buf: np.ndarray | None = None
         if small_views:
             pack_buf = (

@@ -38,7 +38,7 @@ from .manifest import (
     check_kind,
     manifests_prefix,
 )
-from .snapshot import Snapshot, decode, materialise
+from .snapshot import Snapshot, aligned_empty, decode, materialise
 
 if TYPE_CHECKING:
     from .directory import RestoreStats
@@ -137,6 +137,8 @@ class Store(ABC):
     #: Whether a chunk known to exist may be assumed to still exist without asking the backend
     #: (saves a round trip per chunk on S3; a local stat is cheaper than the bookkeeping).
     _cache_presence = False
+    #: Whether periodic SDK saves read their new chunks back before committing by default.
+    verify_after_write = False
 
     def __init__(self, *, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int = 4) -> None:
         if chunk_size < 4096:
@@ -464,11 +466,11 @@ class Store(ABC):
 
         pack = np.empty(0, np.uint8)
         if manifest.pack:
-            pack = np.empty(manifest.pack["nbytes"], np.uint8)
+            pack = aligned_empty(manifest.pack["nbytes"])
             read_into(pack, manifest.pack["chunks"], "pack")
         for name, entry in manifest.tensors.items():
             if "chunks" in entry:
-                raws[name] = np.empty(entry["nbytes"], np.uint8)
+                raws[name] = aligned_empty(entry["nbytes"])
                 read_into(raws[name], entry["chunks"], f"tensor {name}")
         self._run_all(futures)
         tensors: dict[str, Any] = {}

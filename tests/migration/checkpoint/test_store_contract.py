@@ -320,3 +320,22 @@ def test_a_directory_restore_fails_on_a_corrupt_chunk_and_leaves_no_half_file(
     assert caught.value.chunk == chunk
     assert not (dst / "model.bin").exists()
     assert [p.name for p in dst.iterdir() if p.name.startswith(".baton-tmp-")] == []
+
+
+def test_tensors_of_every_size_and_layout_round_trip(store: Store) -> None:
+    rng = np.random.default_rng(9)
+    sizes = [0, 1, 4095, 4097, CHUNK - 1, CHUNK + 5, CHUNK + CHUNK // 2 + 3, 300_001]
+    state: dict[str, object] = {f"u8_{n}": rng.integers(0, 255, n, dtype=np.uint8) for n in sizes}
+    state["strided"] = np.arange(400_000, dtype=np.float64)[::3]  # not contiguous
+    state["fortran"] = np.asfortranarray(rng.random((300, 200)))
+    state["half"] = rng.random(70_000).astype(np.float16)
+    state["complex"] = (rng.random(50_000) + 1j * rng.random(50_000)).astype(np.complex64)
+    state["mask"] = rng.random(100_003) > 0.5
+    state["scalar"] = np.float32(2.5)
+    result = store.save("job-1", 1, state)
+    loaded = store.load(result.ref).state
+    for name, value in state.items():
+        assert np.array_equal(np.asarray(loaded[name]), np.asarray(value)), name
+        assert np.asarray(loaded[name]).dtype == np.asarray(value).dtype, name
+    assert type(loaded["scalar"]) is np.float32
+    store.verify(result.ref)
