@@ -596,10 +596,26 @@ def _recommend(
     return MARKET_ON_DEMAND, reasons
 
 
+def _spot_runs(inp: EstimateInput, interval_s: float) -> _Runs:
+    return _never() if _hopeless(inp, interval_s) else _simulate_spot(inp, interval_s)
+
+
+def expected_spot_cost_at_interval(inp: EstimateInput, interval_s: float) -> float:
+    """Expected spot cost when checkpointing every ``interval_s`` seconds (inf: never ends);
+    what the cost-against-interval chart plots around the recommended interval."""
+    cost = _summarise_spot(inp, _spot_runs(inp, interval_s)).expected_cost
+    return math.inf if cost is None else cost
+
+
+def spot_completion_hours(inp: EstimateInput) -> np.ndarray:
+    """The simulated completion times on spot (inf for runs that never end), for charts."""
+    return _spot_runs(inp, checkpoint_interval_seconds(inp)).hours
+
+
 def estimate(inp: EstimateInput) -> Estimate:
     """Spot and on-demand outlooks for ``inp``, the recommendation and its reasons."""
     interval_s = checkpoint_interval_seconds(inp)
-    runs = _never() if _hopeless(inp, interval_s) else _simulate_spot(inp, interval_s)
+    runs = _spot_runs(inp, interval_s)
     spot = _summarise_spot(inp, runs)
     od = _on_demand(inp)
     recommendation, reasons = _recommend(inp, spot, od, interval_s)

@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+import plotly
 
 from portal.env import ConfigError, env_bool, env_float, env_int, env_list, env_path, env_str
 
@@ -126,7 +127,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js comes from the plotly wheel itself (/static/plotly/plotly.min.js): no CDN.
+STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
 STATIC_ROOT = BATON_HOME / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
 # Serve straight from the finders: `make run` needs no collectstatic step.

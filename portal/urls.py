@@ -6,11 +6,13 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from costs.views import costs_page
 from portal import views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("jobs/new/", views.job_new, name="job-new"),
+    path("costs/", costs_page, name="costs"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
+from costs.services import estimate_job
 from jobs import services
 from jobs.api.serializers import JobSerializer
 from jobs.choices import Tolerance
@@ -76,6 +77,7 @@ def _form_payload(post: Any) -> dict[str, Any]:
 @require_http_methods(["GET", "POST"])
 def job_new(request: HttpRequest) -> HttpResponse:
     errors: dict[str, Any] = {}
+    estimate: dict[str, Any] | None = None
     values: dict[str, Any] = {
         "nodes": 1,
         "gpus_per_node": 1,
@@ -86,15 +88,21 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         values = request.POST.dict()
         serializer = JobSerializer(data=_form_payload(request.POST), context={"request": request})
-        if serializer.is_valid():
+        if not serializer.is_valid():
+            errors = serializer.errors
+        elif request.POST.get("action") == "estimate":  # look before you launch
+            fields = {k: v for k, v in serializer.validated_data.items() if k != "project"}
+            found = estimate_job(services.build_job(request.user, **fields))
+            estimate = found.to_dict() if found else {}
+        else:
             job = services.submit_job(request.user, **serializer.validated_data)
             return redirect("job-detail", job_id=job.pk)
-        errors = serializer.errors
     return render(
         request,
         "portal/job_new.html",
         {
             "errors": errors,
+            "estimate": estimate,
             "values": values,
             "templates": TEMPLATES.values(),
             "accelerators": Accelerator.objects.all(),

@@ -74,3 +74,23 @@ def test_the_form_shows_a_field_error_in_the_browser(stack: Any, page: Any) -> N
     page.click("button:has-text('Submit job')")
 
     expect(page.locator("p.error")).to_contain_text("unknown parameter(s) colour")
+
+
+def test_a_user_sees_the_estimate_before_launching_and_the_cost_charts(
+    stack: Any, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    log_in(page, stack.base)
+    page.goto(stack.base + "/jobs/new/")
+    page.select_option("select[name=accelerator]", "V100-16GB")
+    page.fill("input[name=total_steps]", "500000")
+    page.click("button:has-text('Estimate spot against on-demand')")
+
+    expect(page.locator("#estimate")).to_be_visible()
+    expect(page.locator("text=Recommendation")).to_be_visible()
+
+    page.click("nav >> text=Costs")
+    expect(page.locator("#chart-completion .main-svg").first).to_be_visible()
+    expect(page.locator("#chart-interval .main-svg").first).to_be_visible()
+    expect(page.locator("#chart-prices .main-svg").first).to_be_visible()
