@@ -161,6 +161,16 @@ class LocalStore(Store):
                 os.unlink(tmp)
             raise
 
+    def _stage(self, data: memoryview) -> memoryview:
+        if not self.direct or len(data) < _DIRECT_MIN:
+            return data
+        source = np.frombuffer(data, dtype=np.uint8)
+        if source.ctypes.data % _ALIGN == 0:
+            return data
+        bounce = _bounce_buffer(len(data))
+        bounce[: len(data)] = source
+        return memoryview(bounce[: len(data)])
+
     def _write_direct(self, tmp: Path, data: memoryview) -> bool:
         """Write a chunk with O_DIRECT: the disk reads our buffer, no page-cache copy (a fifth
         of the CPU of a buffered write, which a training loop beside a persist notices).
@@ -177,11 +187,7 @@ class LocalStore(Store):
             return False
         try:
             body = len(data) - len(data) % _ALIGN
-            source = np.frombuffer(data, dtype=np.uint8)
-            if source.ctypes.data % _ALIGN:
-                bounce = _bounce_buffer(len(data))
-                bounce[: len(data)] = source
-                source = bounce
+            source = np.frombuffer(self._stage(data), dtype=np.uint8)
             try:
                 _write_all(fd, memoryview(source[:body]))
             except OSError as exc:

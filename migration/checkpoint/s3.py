@@ -80,7 +80,7 @@ class S3Store(Store):
         region: str | None = None,
         retry_seconds: float = 60.0,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-        workers: int = 16,
+        workers: int = 8,
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
     ) -> None:

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Chosen by measurement (docs/decisions/002-chunk-size.md).
-DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+DEFAULT_CHUNK_SIZE = 16 * 1024 * 1024
 # Chunks younger than this are never collected: a save in another process may be about to
 # reference them (its manifest is written after its chunks).
 DEFAULT_GC_GRACE_S = 600.0
@@ -164,6 +164,11 @@ class Store(ABC):
     @abstractmethod
     def _write_chunk(self, chunk: str, data: memoryview) -> None:
         """Store one chunk atomically: it is either absent or complete (not yet synced)."""
+
+    def _stage(self, data: memoryview) -> memoryview:
+        """The bytes of a chunk as `_write_chunk` prefers them (e.g. copied to an aligned
+        buffer owned by the calling thread, valid until its next call)."""
+        return data
 
     @abstractmethod
     def _sync_chunks(self, chunks: Iterable[str]) -> None:
@@ -677,14 +682,22 @@ class _ChunkWriter:
         if self.cancel is not None and self.cancel():
             self.abort.set()
             raise SaveCancelled("save cancelled")
-        chunk = known if known is not None else digest(view)
+        staged: memoryview | None = None
+        if known is None:
+            # Staging first (a copy into an aligned buffer, where the backend needs one) lets
+            # the hash read the copy while it is still in the CPU cache.
+            staged = self.store._stage(view)
+            chunk = digest(staged)
+        else:
+            chunk = known
         with self.lock:
             self.chunks_total += 1
             if chunk in self.claimed:
                 return chunk, len(view)
             self.claimed.add(chunk)
         if not self.store._chunk_present(chunk):
-            self.store._write_chunk(chunk, view)
+            data = staged if staged is not None else self.store._stage(view)
+            self.store._write_chunk(chunk, data)
             self.store._present.add(chunk)
             with self.lock:
                 self.new_chunks[chunk] = len(view)
