@@ -38,7 +38,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # The training loop of the async measurement computes with one BLAS thread, as the host side
 # of an accelerator job does; the second core is what the checkpoint I/O may use. Set before
@@ -119,7 +119,7 @@ def raw_write(flat: np.ndarray, work: Path) -> float:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
         started = time.perf_counter()
         fd = os.open(path, flags, 0o644)
-        view = memoryview(flat)
+        view = flat.data
         body = len(view) - len(view) % 4096 if direct else len(view)
         rest = view[:body]
         while rest:
@@ -236,7 +236,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         path = fresh(work / "model.npz")
         started = time.perf_counter()
         with open(path, "wb") as f:
-            np.savez(f, **state)
+            np.savez(f, **cast(dict[str, Any], state))
             f.flush()
             os.fsync(f.fileno())
         return time.perf_counter() - started

@@ -136,7 +136,7 @@ def weights_sha256(weights: Iterable[tuple[str, np.ndarray]]) -> str:
     for name, arr in sorted(weights, key=lambda item: item[0]):
         arr = np.ascontiguousarray(arr)
         h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(memoryview(arr.reshape(-1).view(np.uint8)))
+        h.update(arr.reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 

@@ -169,7 +169,7 @@ class LocalStore(Store):
             return data
         bounce = _bounce_buffer(len(data))
         bounce[: len(data)] = source
-        return memoryview(bounce[: len(data)])
+        return bounce[: len(data)].data
 
     def _write_direct(self, tmp: Path, data: memoryview) -> bool:
         """Write a chunk with O_DIRECT: the disk reads our buffer, no page-cache copy (a fifth
@@ -189,7 +189,7 @@ class LocalStore(Store):
             body = len(data) - len(data) % _ALIGN
             source = np.frombuffer(self._stage(data), dtype=np.uint8)
             try:
-                _write_all(fd, memoryview(source[:body]))
+                _write_all(fd, source[:body].data)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise

@@ -18,7 +18,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_STOP = ("", {})
+_STOP: tuple[str, dict[str, Any]] = ("", {})
 
 
 class AgentReporter:

@@ -9,6 +9,7 @@ the manifest is written last, nothing half-done is ever committed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -207,8 +208,8 @@ class S3Store(Store):
                 kwargs["Delimiter"] = delimiter
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._retry(
-                f"list {prefix}", lambda kwargs=kwargs: self._client.list_objects_v2(**kwargs)
+            page: dict[str, Any] = self._retry(
+                f"list {prefix}", functools.partial(self._client.list_objects_v2, **kwargs)
             )
             yield page
             if not page.get("IsTruncated"):
@@ -234,10 +235,12 @@ class S3Store(Store):
     def _delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
-            response = self._retry(
+            response: dict[str, Any] = self._retry(
                 "delete",
-                lambda batch=batch: self._client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+                functools.partial(
+                    self._client.delete_objects,
+                    Bucket=self.bucket,
+                    Delete={"Objects": batch, "Quiet": True},
                 ),
             )
             errors = [

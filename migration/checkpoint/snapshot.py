@@ -207,7 +207,7 @@ class Snapshot:
                     else np.empty(source.nbytes, np.uint8)
                 )
                 np.copyto(buf, np.frombuffer(view, dtype=np.uint8))
-                source.data = memoryview(buf)
+                source.data = buf.data
             else:
                 source.data = view
             large.append(source)
@@ -239,7 +239,7 @@ class Snapshot:
             tree=tree,
             tensors=large,
             small=small_entries,
-            pack=memoryview(pack_buf) if pack_buf is not None else None,
+            pack=pack_buf.data if pack_buf is not None else None,
             bytes_total=total,
         )
 
@@ -250,7 +250,7 @@ def _describe(name: str, value: Any) -> tuple[TensorSource, memoryview, np.ndarr
         if value.dtype.kind not in _NUMPY_KINDS:
             raise StoreError(f"tensor {name} has dtype {value.dtype}, which cannot be saved")
         arr = value if value.flags.c_contiguous else np.ascontiguousarray(value)
-        view = memoryview(arr.reshape(-1).view(np.uint8))
+        view = arr.reshape(-1).view(np.uint8).data
         source = TensorSource(name, arr.dtype.str, tuple(arr.shape), "numpy", arr.nbytes)
         return source, view, value if value is arr else None
     tensor = value.detach()
@@ -262,7 +262,7 @@ def _describe(name: str, value: Any) -> tuple[TensorSource, memoryview, np.ndarr
     raw = tensor.reshape(-1).view(torch.uint8).numpy()
     nbytes = tensor.numel() * tensor.element_size()
     source = TensorSource(name, str(tensor.dtype), tuple(tensor.shape), "torch", nbytes)
-    return source, memoryview(raw), None
+    return source, raw.data, None
 
 
 class _Encoder:
@@ -324,15 +324,21 @@ def decode(node: Any, tensors: dict[str, Any]) -> Any:
     raise StoreError(f"unknown tree node {sorted(node)}")
 
 
+def _import_torch() -> Any | None:
+    """torch, imported now because a checkpoint holds torch tensors; None if not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def materialise(entry: dict[str, Any], raw: np.ndarray) -> Any:
     """Turn the raw bytes of one tensor back into a numpy array or a torch tensor."""
     shape = tuple(entry["shape"])
     dtype: str = entry["dtype"]
     if entry.get("framework") == "torch":
-        try:
-            import torch
-        except ImportError:
-            torch = None
+        torch = _import_torch()
         if torch is not None:
             torch_dtype = getattr(torch, dtype.removeprefix("torch."))
             return torch.from_numpy(raw).view(torch_dtype).reshape(shape)

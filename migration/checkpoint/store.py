@@ -13,6 +13,7 @@ Layout inside a store (a store URL is already a project's namespace):
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -283,7 +284,9 @@ class Store(ABC):
             for future in not_done:
                 future.cancel()
             wait(not_done)
-        errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]
+        errors: builtins.list[BaseException] = [
+            exc for f in futures if not f.cancelled() and (exc := f.exception()) is not None
+        ]
         # The cause, not the tasks that stopped because of it.
         errors.sort(key=lambda e: isinstance(e, SaveCancelled))
         if errors:
@@ -438,7 +441,7 @@ class Store(ABC):
         ]
         return max(complete, key=lambda r: r.sort_key) if complete else None
 
-    def jobs(self) -> list[str]:
+    def jobs(self) -> builtins.list[str]:
         """Every job that has a folder in this store."""
         return sorted(self._list_dirs("jobs/"))
 
@@ -463,7 +466,7 @@ class Store(ABC):
         def read_into(buf: np.ndarray, chunk_list: ChunkList, where: str) -> None:
             offset = 0
             for chunk, size in chunk_list:
-                view = memoryview(buf)[offset : offset + size]
+                view = buf.data[offset : offset + size]
                 futures.append(pool.submit(self._read_checked, chunk, view, where, check))
                 offset += size
             if offset != buf.nbytes:

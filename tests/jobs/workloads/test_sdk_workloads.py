@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from jobs.workloads.catalog import TEMPLATES
-from migration.checkpoint import LocalStore
+from migration.checkpoint import LocalStore, ManifestRef
 from tests.migration.checkpoint.procs import REPO, Proc, python
 
 FINAL_RE = re.compile(r"^final step=(\d+) val_loss=(\S+) weights_sha256=([0-9a-f]{64})$")
@@ -59,6 +59,27 @@ def workload_env(checkpoints: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def stopped_at(proc: Proc) -> int:
+    """The step a run stopped at after SIGTERM (its last line says so)."""
+    stopped = STOPPED_RE.match(proc.stdout[-1])
+    assert stopped, proc.describe()
+    return int(stopped.group(1))
+
+
+def final_line(proc: Proc) -> re.Match[str]:
+    """The parsed last line of a run that finished."""
+    final = FINAL_RE.match(proc.stdout[-1])
+    assert final, proc.describe()
+    return final
+
+
+def latest(store: LocalStore) -> ManifestRef:
+    """The workloads' latest checkpoint, which must exist."""
+    ref = store.latest("wl")
+    assert ref is not None
+    return ref
 
 
 def start(workload: str, args: tuple[str, ...], env: dict[str, str]) -> Proc:
@@ -150,12 +171,12 @@ def test_sigterm_during_an_async_persist_still_ends_with_an_emergency_checkpoint
     assert proc.finish() == 0, proc.describe()
     log = "\n".join(proc.stderr)
     assert f"persist of step={persist} cancelled" in log, proc.describe()
-    stopped = int(STOPPED_RE.match(proc.stdout[-1]).group(1))
+    stopped = stopped_at(proc)
     assert f"emergency save committed step={stopped}" in log
     store = LocalStore(tmp_path)
-    latest = store.latest("wl")
-    assert (latest.step, latest.kind) == (stopped, "emergency")
-    store.verify(latest)
+    ref = latest(store)
+    assert (ref.step, ref.kind) == (stopped, "emergency")
+    store.verify(ref)
     finish_and_compare(workload, args, tmp_path)
 
 
@@ -168,8 +189,8 @@ def test_a_second_sigterm_during_the_emergency_save_does_not_stop_it(tmp_path: P
     proc.wait_for(r"emergency save started", "err")
     proc.signal(signal.SIGTERM)
     assert proc.finish() == 0, proc.describe()
-    stopped = int(STOPPED_RE.match(proc.stdout[-1]).group(1))
-    assert LocalStore(tmp_path).latest("wl").step == stopped
+    stopped = stopped_at(proc)
+    assert latest(LocalStore(tmp_path)).step == stopped
     finish_and_compare(workload, args, tmp_path)
 
 
@@ -182,9 +203,7 @@ def test_sigkill_during_the_emergency_save_resumes_from_the_last_periodic(tmp_pa
     proc.kill()  # the notice window ran out mid-save
     assert proc.finish() == -signal.SIGKILL
     store = LocalStore(tmp_path)
-    latest = store.latest("wl")
-    assert latest is not None
-    store.verify(latest)
+    store.verify(latest(store))
     finish_and_compare(workload, args, tmp_path)
 
 
@@ -199,7 +218,7 @@ def test_an_advance_notice_checkpoints_without_stopping(tmp_path: Path) -> None:
     assert proc.process.poll() is None  # still training
     proc.signal(signal.SIGTERM)
     assert proc.finish() == 0, proc.describe()
-    assert int(STOPPED_RE.match(proc.stdout[-1]).group(1)) >= step
+    assert stopped_at(proc) >= step
     finish_and_compare(workload, args, tmp_path)
 
 
@@ -210,7 +229,7 @@ def test_a_run_resumes_from_the_manifest_named_in_baton_resume(tmp_path: Path) -
     proc = start(workload, args, workload_env(tmp_path, BATON_RESUME=key))
     assert proc.finish() == 0, proc.describe()
     assert proc.stdout[0].startswith("resumed step=50 ")
-    assert FINAL_RE.match(proc.stdout[-1]).group(3) == reference(workload, args)
+    assert final_line(proc).group(3) == reference(workload, args)
 
 
 def test_a_workload_runs_with_the_flags_the_catalogue_generates(tmp_path: Path) -> None:
@@ -219,5 +238,6 @@ def test_a_workload_runs_with_the_flags_the_catalogue_generates(tmp_path: Path) 
     proc = Proc(argv, workload_env(tmp_path))
     assert proc.finish() == 0, proc.describe()
     assert FINAL_RE.match(proc.stdout[-1]), proc.describe()
-    manifest = LocalStore(tmp_path).load_manifest(LocalStore(tmp_path).latest("wl"))
+    store = LocalStore(tmp_path)
+    manifest = store.load_manifest(latest(store))
     assert manifest.kind == "final" and manifest.step == 20

@@ -17,6 +17,7 @@ from migration.checkpoint.s3 import S3Store
 from .conftest import TEST_CHUNK, new_s3_store
 from .procs import Proc, python
 from .s3server import BUCKET, FlakyProxy, S3Server
+from .test_store_contract import newest
 
 WRITER = """
 import sys
@@ -67,7 +68,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_as_latest(tmp_path
     store.gc("job-k", keep=1, grace_s=0)
     leftovers = [p for p in (root / "chunks").rglob("*") if p.name.startswith(".")]
     assert leftovers == []
-    store.verify(store.latest("job-k"))
+    store.verify(newest(store, "job-k"))
 
 
 def _proxied_store(server: S3Server, proxy: FlakyProxy, prefix: str, **options: object) -> S3Store:

@@ -26,7 +26,7 @@ from migration.checkpoint import (
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import FrozenCache, Snapshot, is_frozen
 
-from .test_store_contract import flip_byte
+from .test_store_contract import flip_byte, newest
 
 MIB = 1024 * 1024
 
@@ -96,7 +96,7 @@ def test_a_snapshot_is_isolated_from_training_that_continues(store: LocalStore) 
     w[:] = -1  # the next step overwrites the weights while the persist may still run
     ckpt.wait()
     ckpt.close()
-    loaded = store.load(store.latest("job-1"))
+    loaded = store.load(newest(store, "job-1"))
     assert np.array_equal(loaded.state["w"], np.arange(4 * MIB // 4, dtype=np.float32))
 
 
@@ -111,7 +111,7 @@ def test_a_save_that_comes_due_during_a_persist_waits_instead_of_piling_up(
         assert ckpt._buffers.nbytes <= w.nbytes + 4096  # one snapshot's worth, never more
     ckpt.close()
     assert [r.step for r in store.list("job-1")] == [1, 2, 3, 4, 5]
-    assert float(store.load(store.latest("job-1")).state["w"][0]) == 5.0
+    assert float(store.load(newest(store, "job-1")).state["w"][0]) == 5.0
 
 
 def test_an_unchanged_tensor_is_not_written_again_by_periodic_saves(store: LocalStore) -> None:
@@ -123,10 +123,12 @@ def test_an_unchanged_tensor_is_not_written_again_by_periodic_saves(store: Local
         adapter += 1
         ckpt.maybe_save(step, {"base": frozen, "adapter": adapter})
         ckpt.wait()
+        committed = ckpt.last_committed
+        assert committed is not None and committed.ref.step == step
         if step == 1:
-            assert ckpt.last_committed.bytes_new >= frozen.nbytes
+            assert committed.bytes_new >= frozen.nbytes
         else:
-            assert ckpt.last_committed.bytes_new <= 2 * adapter.nbytes
+            assert committed.bytes_new <= 2 * adapter.nbytes
     ckpt.close()
 
 
@@ -139,7 +141,8 @@ def test_a_frozen_array_is_neither_copied_nor_rehashed_after_its_first_save() ->
     cache.remember(frozen, [("a" * 64, frozen.nbytes)])
     second = Snapshot.capture({"base": frozen}, copy=True, frozen=cache)
     assert second.tensors[0].known_chunks == [("a" * 64, frozen.nbytes)]
-    assert np.shares_memory(np.frombuffer(second.tensors[0].data, np.uint8), frozen)
+    data = second.tensors[0].data
+    assert data is not None and np.shares_memory(np.frombuffer(data, np.uint8), frozen)
     # Read-only views of memory that is still writeable elsewhere are not trusted.
     writeable = np.ones(MIB, np.float32)
     view = writeable.view()

@@ -7,6 +7,7 @@ import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +25,14 @@ from migration.checkpoint.snapshot import Snapshot
 CHUNK = 1024 * 1024
 
 
-def make_state(seed: int = 0, mib: float = 3.0) -> dict[str, object]:
+def newest(store: Store, job: str) -> ManifestRef:
+    """The latest committed checkpoint of `job`, which the test expects to exist."""
+    ref = store.latest(job)
+    assert ref is not None, f"no checkpoint of {job}"
+    return ref
+
+
+def make_state(seed: int = 0, mib: float = 3.0) -> dict[str, Any]:
     """A nested training-like state: one large tensor, small ones, optimizer with int keys."""
     rng = np.random.default_rng(seed)
     big = rng.standard_normal(int(mib * 1024 * 1024 / 4), dtype=np.float32)
@@ -137,7 +145,7 @@ def test_latest_ignores_a_checkpoint_cut_off_before_its_manifest(store: Store) -
         store.commit("job-1", 2, snapshot, cancel=cancel_half_way)
     assert [r.step for r in store.list("job-1")] == [1]
     assert store.latest("job-1") == ManifestRef("job-1", 1, "periodic", 0)
-    store.verify(store.latest("job-1"))
+    store.verify(newest(store, "job-1"))
 
 
 def test_an_unchanged_tensor_is_not_written_again(store: Store) -> None:
@@ -244,7 +252,7 @@ def test_latest_complete_waits_for_every_rank_of_the_gang(store: Store) -> None:
     for rank in (0, 1):
         store.save("job-1", 10, {"x": np.arange(3)}, rank=rank, world_size=2)
     store.save("job-1", 20, {"x": np.arange(3)}, rank=0, world_size=2)
-    assert store.latest("job-1").step == 20
+    assert newest(store, "job-1").step == 20
     assert store.latest_complete("job-1", 2) == ManifestRef("job-1", 10, "periodic", 0)
 
 
@@ -312,6 +320,7 @@ def test_a_directory_restore_fails_on_a_corrupt_chunk_and_leaves_no_half_file(
     src.mkdir()
     write_tree(src)
     result = store.save_directory("job-d", src, 1, "periodic")
+    assert result.manifest.files is not None
     chunk, size = result.manifest.files["model.bin"]["chunks"][1]
     flip_byte(store, chunk, size)
     dst = tmp_path / "dst"
