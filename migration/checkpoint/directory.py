@@ -123,7 +123,7 @@ def save_directory(
                 first = len(writer.futures)
                 pool = store._executor()
                 for chunk, _ in old["chunks"]:
-                    writer.futures.append(pool.submit(_ensure_present, store, chunk, root / rel))
+                    writer.futures.append(pool.submit(_ensure_present, store, chunk))
                 pending[rel] = (st, writer.futures[first:], -1)
             else:
                 pending[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
@@ -134,7 +134,11 @@ def save_directory(
         for rel, (st, futures, tries) in pending.items():
             chunks: ChunkList = [f.result() for f in futures]
             if tries < 0:
-                bytes_total += files[rel]["size"]
+                if all(size >= 0 for _, size in chunks):
+                    bytes_total += files[rel]["size"]
+                    continue
+                # A reused chunk is gone (its manifest was collected): read the file after all.
+                changed[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
                 continue
             try:
                 now = os.stat(root / rel, follow_symlinks=False)
@@ -192,11 +196,10 @@ def save_directory(
     )
 
 
-def _ensure_present(store: Store, chunk: str, path: Path) -> tuple[str, int]:
-    """A chunk reused from the parent must still exist (gc may have removed the parent)."""
-    if not store._chunk_present(chunk):
-        raise StoreError(f"chunk {chunk} of unchanged file {path} is gone from the store")
-    return chunk, 0
+def _ensure_present(store: Store, chunk: str) -> tuple[str, int]:
+    """A chunk reused from the parent must still exist (gc may have removed the parent);
+    the size is -1 when it does not."""
+    return chunk, 0 if store._chunk_present(chunk) else -1
 
 
 def _queue_file(store: Store, writer: Any, path: Path, size: int) -> list[Future[tuple[str, int]]]:

@@ -348,3 +348,21 @@ def test_tensors_of_every_size_and_layout_round_trip(store: Store) -> None:
         assert np.asarray(loaded[name]).dtype == np.asarray(value).dtype, name
     assert type(loaded["scalar"]) is np.float32
     store.verify(result.ref)
+
+
+def test_a_directory_snapshot_rereads_a_file_whose_old_chunks_are_gone(
+    store: Store, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_tree(src)
+    old = time.time() - 60
+    os.utime(src / "model.bin", (old, old))
+    first = store.save_directory("job-d", src, 1, "periodic")
+    assert first.manifest.files is not None
+    chunk, _ = first.manifest.files["model.bin"]["chunks"][0]
+    store._delete([store.chunk_key(chunk)])
+    store._present.clear()
+    second = store.save_directory("job-d", src, 2, "periodic", parent=first.ref)
+    assert second.bytes_new >= CHUNK
+    store.verify(second.ref)
