@@ -500,7 +500,7 @@ def bench_async(state_mib: int, work: Path, repeat: int, interval_s: float) -> N
 # ---- sweeps behind the decision notes ---------------------------------------------------------
 
 
-def sweep(work: Path, repeat: int) -> None:
+def sweep(work: Path, repeat: int, mib: int) -> None:
     import blake3
 
     data = np.random.default_rng(0).bytes(256 * MIB)
@@ -523,8 +523,9 @@ def sweep(work: Path, repeat: int) -> None:
             samples.append(time.perf_counter() - started)
         seconds = statistics.median(samples)
         row(f"hash {name}, 4 MiB pieces", "256 MiB", seconds, gibps(len(data), seconds), "")
-    state = make_state(256)
-    flat = aligned_empty(nbytes_of(state))
+    state = make_state(mib)
+    total = nbytes_of(state)
+    flat = aligned_empty(total)
     np.concatenate([a.view(np.uint8) for a in state.values()], out=flat)
 
     def raw() -> float:
@@ -532,7 +533,7 @@ def sweep(work: Path, repeat: int) -> None:
 
     def saver(size: int) -> Callable[[], float]:
         def save() -> float:
-            store = LocalStore(fresh(work / "sweep"), chunk_size=size)
+            store = LocalStore(fresh(work / f"sweep-save-{size}"), chunk_size=size * MIB)
             store._executor()
             started = time.perf_counter()
             store.save("sweep", 1, state)
@@ -542,19 +543,47 @@ def sweep(work: Path, repeat: int) -> None:
 
         return save
 
-    sizes = [1, 4, 8, 16, 64]
-    result = interleaved({"raw": raw, **{str(s): saver(s * MIB) for s in sizes}}, "raw", repeat)
-    for s in sizes:
-        seconds, ratio = result[str(s)]
+    def loader(size: int) -> Callable[[], float]:
+        folder = fresh(work / f"sweep-load-{size}")
+        LocalStore(folder, chunk_size=size * MIB).save("sweep", 1, state)
+
+        def load() -> float:
+            store = LocalStore(folder, chunk_size=size * MIB)
+            store._executor()
+            evict(files_under(folder))
+            started = time.perf_counter()
+            store.load(store.list("sweep")[-1])
+            seconds = time.perf_counter() - started
+            store.close()
+            return seconds
+
+        return load
+
+    sizes = [1, 4, 8, 16, 32]
+    contenders: dict[str, Callable[[], float]] = {"raw": raw}
+    for size in sizes:
+        contenders[f"save {size}"] = saver(size)
+        contenders[f"load {size}"] = loader(size)
+    result = interleaved(contenders, "raw", repeat)
+    for size in sizes:
+        seconds, ratio = result[f"save {size}"]
         row(
-            f"full save, {s} MiB chunks",
-            "256 MiB",
+            f"full save, {size} MiB chunks",
+            f"{mib} MiB",
             seconds,
-            gibps(nbytes_of(state), seconds),
+            gibps(total, seconds),
             f"{ratio:.2f}x raw",
         )
-    fresh(work / "sweep")
-    fresh(work / "raw.bin")
+    for size in sizes:
+        seconds, ratio = result[f"load {size}"]
+        row(
+            f"restore, {size} MiB chunks",
+            f"{mib} MiB",
+            seconds,
+            gibps(total, seconds),
+            f"{ratio:.2f}x raw write",
+        )
+        fresh(work / f"sweep-{size}")
 
 
 def print_table() -> None:
@@ -582,7 +611,7 @@ def main() -> int:
     started = time.perf_counter()
     try:
         if args.sweep:
-            sweep(work, args.repeat)
+            sweep(work, args.repeat, max(sizes))
         for mib in sizes:
             bench_size(mib, work, args.repeat if mib < 1024 else max(3, args.repeat - 2))
         bench_lora(max(sizes), work, args.repeat)
