@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import IO
 
 from migration.agent.outbox import now_iso
-from migration.agent.portal import LOGS_PATH, Backoff, PortalClient, PortalError
+from migration.agent.portal import (
+    LOGS_PATH,
+    BackgroundSender,
+    Backoff,
+    PortalClient,
+    PortalError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +35,13 @@ def clip(line: str, max_chars: int) -> str:
     return line[: max(max_chars - len(note), 0)] + note
 
 
-class LogForwarder:
+class LogForwarder(BackgroundSender):
     """Sends lines to `POST /api/agent/logs/` in batches of at most `batch_lines`.
 
     At most `max_lines` lines wait in memory, plus the one batch being sent.
     """
+
+    thread_name = "log-sender"
 
     def __init__(
         self,
@@ -45,22 +53,17 @@ class LogForwarder:
         max_line_chars: int = 4000,
         backoff: Backoff | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(client, backoff)
         self.rank = rank
         self.max_lines = max_lines
         self.batch_lines = batch_lines
         self.flush_interval = flush_interval
         self.max_line_chars = max_line_chars
-        self.backoff = backoff or Backoff()
         self.dropped = 0  # lines lost and not yet reported to the portal
         self.total_dropped = 0
         self.sent = 0
         self._waiting: deque[dict[str, object]] = deque()
         self._count = 0
-        self._cond = threading.Condition()
-        self._closing = False
-        self._deadline = float("inf")
-        self._thread: threading.Thread | None = None
 
     def add(self, line: str) -> None:
         """Queue one line (without its newline) for the portal."""
@@ -83,33 +86,9 @@ class LogForwarder:
             if len(self._waiting) >= self.batch_lines:
                 self._cond.notify_all()
 
-    def start(self) -> None:
-        """Start the sender thread (nothing to do without a portal)."""
-        if self.client is None or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="log-sender", daemon=True)
-        self._thread.start()
-
     def close(self, timeout: float = 5.0) -> None:
         """Send what is waiting for up to `timeout` seconds, then stop."""
-        with self._cond:
-            self._closing = True
-            self._deadline = time.monotonic() + timeout
-            self._cond.notify_all()
-        if self._thread is not None and self.client is not None:
-            self._thread.join(timeout + self.client.timeout + 1)
-
-    def _sleep(self, seconds: float) -> bool:
-        """Pause up to `seconds` (less once closing); False when closing time is over."""
-        with self._cond:
-            was_closing = self._closing
-            end = min(time.monotonic() + seconds, self._deadline)
-            while (remaining := end - time.monotonic()) > 0:
-                self._cond.wait(remaining)
-                if self._closing and not was_closing:
-                    break  # the agent is ending: one more try now, not after the back-off
-                end = min(end, self._deadline)
-            return time.monotonic() < self._deadline
+        self._finish(timeout)
 
     def _next_batch(self) -> tuple[list[dict[str, object]], int] | None:
         """Wait for a full batch or the flush interval; None when it is time to stop."""
@@ -149,7 +128,7 @@ class LogForwarder:
                             self.total_dropped += len(batch)
                         break
                     logger.debug("log forwarding paused: %s", exc)
-                    if not self._sleep(self.backoff.next()):
+                    if not self._pause(self.backoff.next()):
                         return
                 else:
                     self.sent += len(batch)

@@ -17,12 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from migration.agent.portal import EVENTS_PATH, Backoff, PortalClient, PortalError
+from migration.agent.portal import (
+    EVENTS_PATH,
+    BackgroundSender,
+    Backoff,
+    PortalClient,
+    PortalError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +39,10 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-class EventOutbox:
+class EventOutbox(BackgroundSender):
     """A bounded, persistent, in-order queue of events with a sender thread."""
+
+    thread_name = "event-sender"
 
     def __init__(
         self,
@@ -45,20 +52,15 @@ class EventOutbox:
         batch_size: int = 100,
         backoff: Backoff | None = None,
     ) -> None:
+        super().__init__(client, backoff)
         self.path = path
-        self.client = client
         self.max_events = max_events
         self.batch_size = batch_size
-        self.backoff = backoff or Backoff()
         self.dropped = 0
         self.delivered = 0
         self._events: list[dict[str, object]] = []
         self._next_seq = 1
-        self._cond = threading.Condition()
-        self._closing = False
-        self._deadline = float("inf")
         self._failing = False
-        self._thread: threading.Thread | None = None
         self._load()
 
     # -- buffer ------------------------------------------------------------------------------
@@ -119,22 +121,9 @@ class EventOutbox:
 
     # -- sender ------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the sender thread (nothing to do without a portal)."""
-        if self.client is None or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="event-sender", daemon=True)
-        self._thread.start()
-
     def close(self, timeout: float = 10.0) -> bool:
         """Send what is buffered for up to `timeout` seconds; True when nothing is left."""
-        with self._cond:
-            self._closing = True
-            self._deadline = time.monotonic() + timeout
-            self._cond.notify_all()
-        if self._thread is not None:
-            timeout_s = self.client.timeout if self.client else 0
-            self._thread.join(timeout + timeout_s + 1)
+        self._finish(timeout)
         left = self.pending
         if left:
             logger.warning("%d event(s) not delivered; they stay in %s", left, self.path)
@@ -156,16 +145,6 @@ class EventOutbox:
             if numbered:
                 self._persist()
             return [dict(e) for e in batch]
-
-    def _pause(self, seconds: float) -> None:
-        with self._cond:
-            was_closing = self._closing
-            end = min(time.monotonic() + seconds, self._deadline)
-            while (remaining := end - time.monotonic()) > 0:
-                self._cond.wait(remaining)
-                if self._closing and not was_closing:
-                    return  # the agent is ending: one more try now, not after the back-off
-                end = min(end, self._deadline)
 
     def _run(self) -> None:
         assert self.client is not None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from migration.agent import httpjson
 
@@ -80,3 +82,53 @@ class Backoff:
     def reset(self) -> None:
         """After a success: the next failure starts from `first` again."""
         self.current = self.first
+
+
+class BackgroundSender:
+    """A thread that posts to the portal, pausing with back-off between failed tries.
+
+    Shared by the event outbox and the log forwarder: `start` runs `_run` on a daemon thread;
+    `_finish(timeout)` asks it to send what is left for up to `timeout` seconds and waits;
+    `_pause` sleeps, but wakes at once when closing begins, so the last try happens now
+    rather than after a long back-off.
+    """
+
+    thread_name = "sender"
+
+    def __init__(self, client: PortalClient | None, backoff: Backoff | None = None) -> None:
+        self.client = client
+        self.backoff = backoff or Backoff()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._deadline = float("inf")
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the sender thread (nothing to do without a portal)."""
+        if self.client is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _finish(self, timeout: float) -> None:
+        with self._cond:
+            self._closing = True
+            self._deadline = time.monotonic() + timeout
+            self._cond.notify_all()
+        if self._thread is not None and self.client is not None:
+            self._thread.join(timeout + self.client.timeout + 1)
+
+    def _pause(self, seconds: float) -> bool:
+        """Pause up to `seconds` (less once closing); False when closing time is over."""
+        with self._cond:
+            was_closing = self._closing
+            end = min(time.monotonic() + seconds, self._deadline)
+            while (remaining := end - time.monotonic()) > 0:
+                self._cond.wait(remaining)
+                if self._closing and not was_closing:
+                    break  # the agent is ending: one more try now, not after the back-off
+                end = min(end, self._deadline)
+            return time.monotonic() < self._deadline
