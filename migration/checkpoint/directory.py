@@ -101,69 +101,80 @@ def save_directory(
             logger.info("directory snapshot: parent %s unusable (%s); reading all", parent_ref, exc)
     scan_started = time.time_ns()
     writer = _ChunkWriter(store, cancel)
-    files: dict[str, dict[str, Any]] = {}
-    pending: dict[str, tuple[os.stat_result, list[Future[tuple[str, int]]], int]] = {}
-    entries = _scan(root)
-    for rel, st in entries.items():
-        if stat.S_ISDIR(st.st_mode):
-            files[rel] = {"type": "dir", "mode": stat.S_IMODE(st.st_mode)}
-        elif stat.S_ISLNK(st.st_mode):
-            files[rel] = {"type": "symlink", "target": os.readlink(root / rel)}
-        else:
-            old = previous.get(rel)
-            if (
-                old is not None
-                and old.get("type") == "file"
-                and old["size"] == st.st_size
-                and old["mtime_ns"] == st.st_mtime_ns
-                and previous_scan - st.st_mtime_ns > _RACY_NS
-            ):
-                # Unchanged since the parent read it: reuse its chunks without reading.
-                files[rel] = {**old, "mode": stat.S_IMODE(st.st_mode)}
-                first = len(writer.futures)
-                pool = store._executor()
-                for chunk, _ in old["chunks"]:
-                    writer.futures.append(pool.submit(_ensure_present, store, chunk))
-                pending[rel] = (st, writer.futures[first:], -1)
+
+    def collect() -> tuple[dict[str, dict[str, Any]], int]:
+        files: dict[str, dict[str, Any]] = {}
+        pending: dict[str, tuple[os.stat_result, list[Future[tuple[str, int]]], int]] = {}
+        entries = _scan(root)
+        for rel, st in entries.items():
+            if stat.S_ISDIR(st.st_mode):
+                files[rel] = {"type": "dir", "mode": stat.S_IMODE(st.st_mode)}
+            elif stat.S_ISLNK(st.st_mode):
+                files[rel] = {"type": "symlink", "target": os.readlink(root / rel)}
             else:
-                pending[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
-    bytes_total = 0
-    for attempt in range(_ATTEMPTS):
-        store._run_all([f for _, futures, _ in pending.values() for f in futures], writer.abort)
-        changed: dict[str, tuple[os.stat_result, list[Future[tuple[str, int]]], int]] = {}
-        for rel, (st, futures, tries) in pending.items():
-            chunks: ChunkList = [f.result() for f in futures]
-            if tries < 0:
-                if all(size >= 0 for _, size in chunks):
-                    bytes_total += files[rel]["size"]
+                old = previous.get(rel)
+                if (
+                    old is not None
+                    and old.get("type") == "file"
+                    and old["size"] == st.st_size
+                    and old["mtime_ns"] == st.st_mtime_ns
+                    and previous_scan - st.st_mtime_ns > _RACY_NS
+                ):
+                    # Unchanged since the parent read it: reuse its chunks without reading.
+                    files[rel] = {**old, "mode": stat.S_IMODE(st.st_mode)}
+                    first = len(writer.futures)
+                    pool = store._executor()
+                    for chunk, _ in old["chunks"]:
+                        writer.futures.append(pool.submit(_ensure_present, store, chunk))
+                    pending[rel] = (st, writer.futures[first:], -1)
+                else:
+                    pending[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
+        bytes_total = 0
+        for attempt in range(_ATTEMPTS):
+            store._run_all([f for _, futures, _ in pending.values() for f in futures], writer.abort)
+            changed: dict[str, tuple[os.stat_result, list[Future[tuple[str, int]]], int]] = {}
+            for rel, (st, futures, tries) in pending.items():
+                chunks: ChunkList = [f.result() for f in futures]
+                if tries < 0:
+                    if all(size >= 0 for _, size in chunks):
+                        bytes_total += files[rel]["size"]
+                        continue
+                    # A reused chunk is gone (its manifest was collected): read the file after all.
+                    changed[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
                     continue
-                # A reused chunk is gone (its manifest was collected): read the file after all.
-                changed[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
-                continue
-            try:
-                now = os.stat(root / rel, follow_symlinks=False)
-            except FileNotFoundError:
-                logger.info("directory snapshot: %s vanished while being read", rel)
-                files.pop(rel, None)
-                continue
-            size = sum(s for _, s in chunks)
-            moved = (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
-            if (moved or size != st.st_size) and attempt + 1 < _ATTEMPTS:
-                changed[rel] = (now, _queue_file(store, writer, root / rel, now.st_size), tries + 1)
-                continue
-            if moved or size != st.st_size:
-                logger.warning("directory snapshot: %s kept changing; saved as last read", rel)
-            files[rel] = {
-                "type": "file",
-                "size": size,
-                "mode": stat.S_IMODE(now.st_mode),
-                "mtime_ns": now.st_mtime_ns,
-                "chunks": chunks,
-            }
-            bytes_total += size
-        if not changed:
-            break
-        pending = changed
+                try:
+                    now = os.stat(root / rel, follow_symlinks=False)
+                except FileNotFoundError:
+                    logger.info("directory snapshot: %s vanished while being read", rel)
+                    files.pop(rel, None)
+                    continue
+                size = sum(s for _, s in chunks)
+                moved = (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
+                if (moved or size != st.st_size) and attempt + 1 < _ATTEMPTS:
+                    again = _queue_file(store, writer, root / rel, now.st_size)
+                    changed[rel] = (now, again, tries + 1)
+                    continue
+                if moved or size != st.st_size:
+                    logger.warning("directory snapshot: %s kept changing; saved as last read", rel)
+                files[rel] = {
+                    "type": "file",
+                    "size": size,
+                    "mode": stat.S_IMODE(now.st_mode),
+                    "mtime_ns": now.st_mtime_ns,
+                    "chunks": chunks,
+                }
+                bytes_total += size
+            if not changed:
+                break
+            pending = changed
+        return files, bytes_total
+
+    try:
+        files, bytes_total = collect()
+        writer.finish()
+    except BaseException:
+        writer.abandon()
+        raise
     if cancel is not None and cancel():
         raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
     manifest = Manifest(

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class LocalStore(Store):
             return self._chunk_path(chunk).exists()
         return True
 
-    def _write_chunk(self, chunk: str, data: memoryview) -> None:
+    def _write_chunk(self, chunk: str, data: memoryview) -> object | None:
         folder = self._chunk_path(chunk).parent
         if folder.name not in self._dirs_made:
             with self._dirs_lock:
@@ -151,15 +152,41 @@ class LocalStore(Store):
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 try:
                     _write_all(fd, data)
-                    if self.fsync:
-                        os.fsync(fd)
                 finally:
                     os.close(fd)
-            os.replace(tmp, path)
+            if not self.fsync:
+                os.replace(tmp, path)
+                return None
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        # The fsync and the rename come later, for all chunks of the save at once: fsyncs
+        # issued together share journal commits and device-cache flushes; one per chunk as it
+        # is written made them the largest cost of a full save.
+        return (tmp, path)
+
+    def _finish_chunks(self, tokens: list[object]) -> None:
+        def finish(token: object) -> None:
+            tmp, path = cast(tuple[Path, Path], token)
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            # Only a chunk whose bytes are durable gets its name: a later save that finds the
+            # name may trust the content.
+            os.replace(tmp, path)
+
+        if tokens:
+            pool = self._executor()
+            self._run_all([pool.submit(finish, token) for token in tokens])
+
+    def _abandon_chunks(self, tokens: list[object]) -> None:
+        for token in tokens:
+            tmp, _ = cast(tuple[Path, Path], token)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def _stage(self, data: memoryview) -> memoryview:
         if not self.direct or len(data) < _DIRECT_MIN:
@@ -199,8 +226,6 @@ class LocalStore(Store):
                 # The tail is not a whole block: finish it through the page cache.
                 fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                 _write_all(fd, data[body:])
-            if self.fsync:
-                os.fsync(fd)  # the device cache and the file's size and blocks
         finally:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -160,6 +160,7 @@ class S3Store(Store):
             f"upload {key}",
             lambda: self._client.put_object(Bucket=self.bucket, Key=key, Body=body),
         )
+        return None
 
     def _sync_chunks(self, chunks: Iterable[str]) -> None:
         # A completed PUT is durable in S3.

@@ -163,8 +163,17 @@ class Store(ABC):
         """True if the chunk exists (and, where cheap, refresh its age for gc's grace period)."""
 
     @abstractmethod
-    def _write_chunk(self, chunk: str, data: memoryview) -> None:
-        """Store one chunk atomically: it is either absent or complete (not yet synced)."""
+    def _write_chunk(self, chunk: str, data: memoryview) -> object | None:
+        """Store one chunk atomically: it is either absent or complete.
+
+        A backend may return a token instead: the chunk then exists only once the token went
+        through `_finish_chunks` (which makes a batch durable and visible at once)."""
+
+    def _finish_chunks(self, tokens: builtins.list[object]) -> None:  # noqa: B027
+        """Make the chunks behind these `_write_chunk` tokens durable and visible."""
+
+    def _abandon_chunks(self, tokens: builtins.list[object]) -> None:  # noqa: B027
+        """Drop the chunks behind tokens of a save that will not commit."""
 
     def _stage(self, data: memoryview) -> memoryview:
         """The bytes of a chunk as `_write_chunk` prefers them (e.g. copied to an aligned
@@ -350,11 +359,15 @@ class Store(ABC):
         started = time.perf_counter()
         ref = ManifestRef(check_job(job), int(step), check_kind(kind), int(rank))
         writer = _ChunkWriter(self, cancel)
-        pack_chunks = writer.add(snapshot.pack) if snapshot.pack is not None else None
-        tensor_chunks = [
-            writer.add(source.data, known=source.known_chunks) for source in snapshot.tensors
-        ]
-        writer.finish()
+        try:
+            pack_chunks = writer.add(snapshot.pack) if snapshot.pack is not None else None
+            tensor_chunks = [
+                writer.add(source.data, known=source.known_chunks) for source in snapshot.tensors
+            ]
+            writer.finish()
+        except BaseException:
+            writer.abandon()
+            raise
         if verify:
             self._verify_chunks(writer.new_chunks)
         if cancel is not None and cancel():
@@ -572,6 +585,7 @@ class Store(ABC):
         stats = CopyStats(manifest=ref.key)
         lock = threading.Lock()
         copied: list[str] = []
+        tokens: list[object] = []
 
         def copy_one(chunk: str, size: int) -> None:
             if target._chunk_present(chunk):
@@ -581,15 +595,22 @@ class Store(ABC):
                 return
             buf = memoryview(bytearray(size))
             self._read_checked(chunk, buf, f"copy of {ref.key}")
-            target._write_chunk(chunk, buf)
-            target._present.add(chunk)
+            token = target._write_chunk(chunk, buf)
             with lock:
+                if token is not None:
+                    tokens.append(token)
                 stats.chunks_copied += 1
                 stats.bytes_copied += size
                 copied.append(chunk)
 
         pool = self._executor()
-        self._run_all([pool.submit(copy_one, c, s) for c, s in manifest.chunks().items()])
+        try:
+            self._run_all([pool.submit(copy_one, c, s) for c, s in manifest.chunks().items()])
+            target._finish_chunks(tokens)
+        except BaseException:
+            target._abandon_chunks(tokens)
+            raise
+        target._present.update(copied)
         target._commit_manifest(ref.key, raw, copied)
         stats.seconds = time.perf_counter() - started
         return stats
@@ -657,6 +678,7 @@ class _ChunkWriter:
         self.bytes_new = 0
         self.chunks_total = 0
         self.futures: list[Future[tuple[str, int]]] = []
+        self.tokens: list[object] = []
 
     def add(self, data: memoryview | None, known: ChunkList | None = None) -> tuple[int, int]:
         """Queue one byte range; returns a handle for `result`.
@@ -700,20 +722,35 @@ class _ChunkWriter:
             self.claimed.add(chunk)
         if not self.store._chunk_present(chunk):
             data = staged if staged is not None else self.store._stage(view)
-            self.store._write_chunk(chunk, data)
-            self.store._present.add(chunk)
+            token = self.store._write_chunk(chunk, data)
             with self.lock:
+                if token is not None:
+                    self.tokens.append(token)
                 self.new_chunks[chunk] = len(view)
                 self.bytes_new += len(view)
         return chunk, len(view)
 
     def finish(self) -> None:
-        """Wait for every queued chunk (their durability is the manifest commit's business)."""
+        """Wait for every queued chunk, then make the new ones durable and visible (their
+        folders are synced with the manifest commit)."""
         try:
             self.store._run_all(list(self.futures), self.abort)
         except BaseException:
             self.abort.set()
             raise
+        tokens, self.tokens = self.tokens, []
+        try:
+            self.store._finish_chunks(tokens)
+        except BaseException:
+            self.store._abandon_chunks(tokens)
+            raise
+        self.store._present.update(self.new_chunks)
+
+    def abandon(self) -> None:
+        """Drop what a save that will not commit wrote but did not finish."""
+        self.abort.set()
+        tokens, self.tokens = self.tokens, []
+        self.store._abandon_chunks(tokens)
 
     def result(self, handle: tuple[int, int]) -> ChunkList:
         """The chunk list of a byte range queued with `add`."""

@@ -55,7 +55,8 @@ def flip_byte(store: Store, chunk: str, size: int, offset: int = 17) -> None:
     buf = bytearray(size)
     store._read_chunk_into(chunk, memoryview(buf))
     buf[offset] ^= 0xFF
-    store._write_chunk(chunk, memoryview(buf))
+    token = store._write_chunk(chunk, memoryview(buf))
+    store._finish_chunks([token] if token is not None else [])
 
 
 def assert_same_state(a: object, b: object) -> None:
