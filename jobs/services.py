@@ -135,7 +135,7 @@ def demo_password() -> str:
 
 @transaction.atomic
 def ensure_demo_user() -> tuple[str, str]:
-    """The `demo` user with a project of its own; returns (username, password)."""
+    """The `demo` user with its personal project; returns (username, password)."""
     from django.contrib.auth import get_user_model
 
     password = demo_password()
@@ -145,7 +145,5 @@ def ensure_demo_user() -> tuple[str, str]:
     if not user.check_password(password):
         user.set_password(password)
         user.save(update_fields=["password"])
-    project, _ = Project.objects.get_or_create(slug="demo", defaults={"name": "Demo project"})
-    project.members.add(user)
-    ensure_personal_project(user)
+    ensure_personal_project(user)  # the project "demo"
     return DEMO_USERNAME, password

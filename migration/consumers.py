@@ -56,18 +56,19 @@ class TimelineConsumer(AsyncJsonWebsocketConsumer):
         except (TypeError, ValueError):
             await self.send_json({"type": "error", "error": "since must be an event id"})
             return
-        missed = await database_sync_to_async(self.events_after)(since)
-        for event in missed + self.held_back:
+        for event in await database_sync_to_async(self.events_after)(since):
             await self._forward(event)
+        for message in self.held_back:
+            await self._forward(message["event"], message.get("state"))
         self.held_back = []
         self.resumed = True
 
     async def timeline_event(self, message: dict[str, Any]) -> None:
         if not self.resumed:
             if len(self.held_back) < MAX_HELD_BACK:
-                self.held_back.append(message["event"])
+                self.held_back.append(message)
             return
-        await self._forward(message["event"])
+        await self._forward(message["event"], message.get("state"))
 
     async def job_progress(self, message: dict[str, Any]) -> None:
         if self.resumed:
@@ -77,11 +78,14 @@ class TimelineConsumer(AsyncJsonWebsocketConsumer):
         if self.resumed:
             await self.send_json(message)
 
-    async def _forward(self, event: dict[str, Any]) -> None:
+    async def _forward(self, event: dict[str, Any], state: str | None = None) -> None:
         if event["id"] <= self.last_id:
             return
         self.last_id = event["id"]
-        await self.send_json({"type": "timeline.event", "event": event})
+        message: dict[str, Any] = {"type": "timeline.event", "event": event}
+        if state:
+            message["state"] = state  # the job's state once this event was recorded (live only)
+        await self.send_json(message)
 
 
 class JobTimelineConsumer(TimelineConsumer):

@@ -72,6 +72,7 @@ def record_event(
     event = TimelineEvent.objects.create(
         job=job, migration=migration, kind=kind, at=timezone.now(), data=data or {}
     )
-    payload = {"event": serialize_event(event)}
+    # The job's state rides along (not part of the event), so a page can show it live.
+    payload = {"event": serialize_event(event), "state": job.state}
     transaction.on_commit(lambda: broadcast(job.pk, "timeline.event", payload), robust=True)
     return event

@@ -31,6 +31,13 @@
     list.appendChild(item);
   }
 
+  function showState(state) {
+    const badge = document.getElementById("job-state");
+    if (!badge) return;
+    badge.className = "state state-" + state;
+    badge.textContent = state.charAt(0).toUpperCase() + state.slice(1).replace(/_/g, " ");
+  }
+
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/`);
@@ -41,7 +48,10 @@
     };
     socket.onmessage = function (message) {
       const payload = JSON.parse(message.data);
-      if (payload.type === "timeline.event") show(payload.event);
+      if (payload.type === "timeline.event") {
+        show(payload.event);
+        if (payload.state) showState(payload.state);
+      }
       if (payload.type === "job.progress") {
         const step = document.getElementById("job-step");
         if (step) step.textContent = payload.step;

@@ -163,3 +163,17 @@ async def test_a_malformed_message_gets_an_error_not_a_disconnect(
     assert error["type"] == "error" and "since" in error["error"]
     assert len(ids) == 1
     await ws.disconnect()
+
+
+async def test_live_events_carry_the_jobs_state_for_the_page(catalogue: Any, alice: Any) -> None:
+    job = await new_job(alice, catalogue)
+    _, ws = await connect(f"/ws/jobs/{job.pk}/", alice)
+    await ws.send_json_to({"type": "resume", "since": 0})
+    replayed = await ws.receive_json_from(timeout=5)
+
+    await add_events(job, "waiting")
+    live = await ws.receive_json_from(timeout=5)
+
+    assert "state" not in replayed  # history carries no state: the page rendered the current one
+    assert live["state"] == "pending" and live["event"]["kind"] == "waiting"
+    await ws.disconnect()

@@ -62,6 +62,7 @@ def test_a_user_submits_a_job_and_watches_its_placement_live(stack: Any, page: A
     expect(page.locator("#live-status")).to_have_text("live")
     expect(page.locator("#timeline li.kind-job_submitted")).to_have_count(1)
     expect(page.locator("#timeline li.kind-placement_decided")).to_have_count(1, timeout=60_000)
+    expect(page.locator("#job-state")).to_have_text("Starting")
     assert "g4dn" in page.locator("#timeline li.kind-placement_decided").inner_text()
 
 
