@@ -496,7 +496,7 @@ def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float) -> No
         "1.00x",
     )
     row(
-        f"training, async checkpoint every {steps} steps (~{interval_s:.0f} s)",
+        f"training, async checkpoint every {steps} steps (~{steps / none_rate:.1f} s)",
         f"{state_mib} MiB state",
         None,
         f"{steps / statistics.median(with_ckpt):.1f} steps/s",
