@@ -18,9 +18,10 @@ one is running waits for it (back-pressure, never unbounded memory).
 
 Signals (installed when the Checkpointer is created on the main thread):
 - SIGUSR1, the advance notice: checkpoint at the next step boundary;
-- SIGTERM, the final notice: the persist in flight is cancelled at once (its chunks stay
-  useful), and at the next step boundary an emergency checkpoint is written synchronously
-  from the live state (no copy, no compression, no verification pass); then `should_stop`.
+- SIGTERM, the final notice: the persist in flight is cancelled at once (the disk is left to
+  the emergency save), and at the next step boundary an emergency checkpoint is written
+  synchronously from the live state (no copy, no compression, no verification pass); then
+  `should_stop`.
 The handlers only set flags; everything else happens on the training thread at a step
 boundary, where the state is consistent. Notice callbacks run there too.
 """
@@ -411,8 +412,9 @@ class Checkpointer:
     def emergency_save(
         self, step: int, state: object, extra: object = None, *, val_loss: ValLoss = None
     ) -> SaveResult:
-        """Commit the live state now: the persist in flight is cancelled (its chunks are
-        reused), nothing is copied, compressed or read back."""
+        """Commit the live state now: the persist in flight is cancelled (it stops at its next
+        chunk and removes its temporaries), nothing is copied, compressed or read back; chunks
+        already in the store are not written again."""
         started = time.monotonic()
         logger.info("emergency save started step=%d", step)
         self._cancel_persist = True
