@@ -21,17 +21,20 @@ from migration.checkpoint import (
     LocalStore,
     ManifestNotFound,
     ManifestRef,
+    Store,
     StoreConfigError,
 )
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import FrozenCache, Snapshot, is_frozen
 
+from .conftest import new_s3_store
+from .s3server import S3Server
 from .test_store_contract import flip_byte, newest
 
 MIB = 1024 * 1024
 
 
-def make_ckpt(store: LocalStore, **options: Any) -> Checkpointer:
+def make_ckpt(store: Store, **options: Any) -> Checkpointer:
     options.setdefault("job", "job-1")
     options.setdefault("every_seconds", None)
     options.setdefault("install_signal_handlers", False)
@@ -381,3 +384,23 @@ def test_torch_state_dicts_round_trip_with_their_dtypes(store: LocalStore) -> No
     assert restored.state["half"].dtype == torch.bfloat16
     assert torch.equal(restored.state["half"], state["half"])
     assert torch.equal(restored.state["big"], state["big"])
+
+
+def test_the_sdk_checkpoints_to_s3_and_verifies_periodic_saves_there(s3_env: S3Server) -> None:
+    store = new_s3_store(s3_env)
+    ckpt = make_ckpt(store, every_steps=2)
+    assert ckpt.verify  # a remote store reads periodic saves back by default
+    w = np.random.default_rng(2).random(3 * MIB // 4, dtype=np.float32)
+    for step in range(1, 5):
+        w += 1
+        ckpt.maybe_save(step, {"w": w})
+    ckpt.request_stop()
+    w += 1
+    ckpt.maybe_save(5, {"w": w})
+    ckpt.close()
+    assert [(r.step, r.kind) for r in store.list("job-1")][-1] == (5, "emergency")
+    again = make_ckpt(store)
+    restored = again.restore()
+    again.close()
+    assert restored is not None and np.array_equal(restored.state["w"], w)
+    store.close()
