@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from .errors import CorruptManifest, ManifestNotFound, SaveCancelled, StoreError
-from .hashing import HASH_NAME, digest
-from .manifest import ChunkList, Manifest, ManifestRef, check_job, check_kind
+from .hashing import digest
+from .manifest import ChunkList, ManifestRef, check_job, check_kind
 
 if TYPE_CHECKING:
     from .store import Cancel, SaveResult, Store
@@ -83,7 +83,7 @@ def save_directory(
     cancel: Cancel | None,
 ) -> SaveResult:
     """See Store.save_directory."""
-    from .store import SaveResult, _ChunkWriter
+    from .store import _ChunkWriter
 
     started = time.perf_counter()
     ref = ManifestRef(check_job(job), int(step), check_kind(kind), int(rank))
@@ -177,33 +177,17 @@ def save_directory(
         raise
     if cancel is not None and cancel():
         raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
-    manifest = Manifest(
-        job=ref.job,
-        step=ref.step,
-        kind=ref.kind,
-        rank=ref.rank,
-        world_size=int(world_size),
-        parent=str(parent_ref) if parent_ref else None,
-        chunk_size=store.chunk_size,
-        hash=HASH_NAME,
-        files=files,
+    return store._commit_save(
+        ref,
+        writer,
+        started,
+        world_size=world_size,
+        parent=parent_ref,
         validation_reference=validation_reference,
         bytes_total=bytes_total,
-        bytes_new=writer.bytes_new,
         chunks_total=sum(len(e.get("chunks", [])) for e in files.values()),
-        chunks_new=len(writer.new_chunks),
         meta={**(meta or {}), "scan_started_ns": scan_started},
-    )
-    store._commit_manifest(ref.key, manifest.to_json(), writer.new_chunks)
-    seconds = time.perf_counter() - started
-    return SaveResult(
-        ref,
-        manifest,
-        manifest.bytes_total,
-        manifest.bytes_new,
-        manifest.chunks_total,
-        manifest.chunks_new,
-        seconds,
+        files=files,
     )
 
 

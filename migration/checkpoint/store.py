@@ -380,6 +380,37 @@ class Store(ABC):
         pack = None
         if pack_chunks is not None and snapshot.pack is not None:
             pack = {"nbytes": len(snapshot.pack), "chunks": writer.result(pack_chunks)}
+        return self._commit_save(
+            ref,
+            writer,
+            started,
+            world_size=world_size,
+            parent=parent,
+            validation_reference=validation_reference,
+            bytes_total=snapshot.bytes_total,
+            chunks_total=writer.chunks_total,
+            meta=dict(meta or {}),
+            tensors=tensors,
+            pack=pack,
+            tree=snapshot.tree,
+        )
+
+    def _commit_save(
+        self,
+        ref: ManifestRef,
+        writer: _ChunkWriter,
+        started: float,
+        *,
+        world_size: int,
+        parent: ManifestRef | str | None,
+        validation_reference: float | None,
+        bytes_total: int,
+        chunks_total: int,
+        meta: dict[str, Any],
+        **content: Any,
+    ) -> SaveResult:
+        """Write the manifest of a save whose chunks are all in (the commit point) and say
+        what it committed. `content` is what the manifest describes: tensors or files."""
         manifest = Manifest(
             job=ref.job,
             step=ref.step,
@@ -389,15 +420,13 @@ class Store(ABC):
             parent=str(parent) if parent else None,
             chunk_size=self.chunk_size,
             hash=HASH_NAME,
-            tensors=tensors,
-            pack=pack,
-            tree=snapshot.tree,
             validation_reference=validation_reference,
-            bytes_total=snapshot.bytes_total,
+            bytes_total=bytes_total,
             bytes_new=writer.bytes_new,
-            chunks_total=writer.chunks_total,
+            chunks_total=chunks_total,
             chunks_new=len(writer.new_chunks),
-            meta=dict(meta or {}),
+            meta=meta,
+            **content,
         )
         self._commit_manifest(ref.key, manifest.to_json(), writer.new_chunks)
         seconds = time.perf_counter() - started
