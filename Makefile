@@ -27,4 +27,5 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy portal jobs migration costs
 	$(BIN)/python -m pytest

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 
 from costs import charts, selectors
@@ -14,10 +14,11 @@ from costs.estimator import estimate
 from costs.forms import WhatIfForm
 from costs.services import estimate_input
 from jobs.services import build_job
+from portal.http import AuthenticatedHttpRequest
 
 
 @login_required
-def costs_page(request: HttpRequest) -> HttpResponse:
+def costs_page(request: AuthenticatedHttpRequest) -> HttpResponse:
     form = WhatIfForm(request.GET or None)
     context: dict[str, Any] = {"form": form}
     if not form.is_bound:

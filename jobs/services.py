@@ -18,12 +18,12 @@ from migration.choices import TimelineKind
 from migration.events import record_event
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
 logger = logging.getLogger(__name__)
 
 
-def ensure_personal_project(user: AbstractBaseUser) -> Project:
+def ensure_personal_project(user: User) -> Project:
     """The user's own project, created the first time it is needed."""
     existing = Project.objects.filter(personal_owner=user).first()
     if existing:
@@ -63,7 +63,7 @@ def set_state(job: Job, state: str, **fields: Any) -> None:
     job.save(update_fields=["state", "updated_at", *fields])
 
 
-def build_job(owner: AbstractBaseUser, **fields: Any) -> Job:
+def build_job(owner: User, **fields: Any) -> Job:
     """An unsaved job from validated fields, with the estimator's inputs filled in."""
     hours, gb = derived_inputs(fields["workload"], fields["total_steps"])
     fields["expected_hours"] = fields.get("expected_hours") or hours
@@ -72,7 +72,7 @@ def build_job(owner: AbstractBaseUser, **fields: Any) -> Job:
 
 
 @transaction.atomic
-def submit_job(owner: AbstractBaseUser, **fields: Any) -> Job:
+def submit_job(owner: User, **fields: Any) -> Job:
     """Create a job from validated fields with its cost estimate, and queue its placement
     after commit."""
     from costs.services import estimate_job
@@ -100,7 +100,7 @@ class CancelOutcome:
 
 
 @transaction.atomic
-def cancel_job(job_id: int, by: AbstractBaseUser) -> CancelOutcome:
+def cancel_job(job_id: int, by: User) -> CancelOutcome:
     """Cancel a job: release its instances and record why. Idempotent for finished jobs."""
     from migration.services import release_job_instances
 

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
@@ -58,7 +58,7 @@ def _when(event: dict[str, Any]) -> datetime:
     parsed = parse_datetime(str(event.get("at") or ""))
     if parsed is None:
         return timezone.now()
-    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, timezone.utc)
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, UTC)
 
 
 def _started(instance: Instance, job: Job, at: datetime) -> None:

@@ -157,7 +157,10 @@ class CapacityPoolQuerySet(models.QuerySet["CapacityPool"]):
             free=models.F("capacity") - models.F("used")
         )
         # Meta.ordering is dropped from GROUP BY queries: say it again.
-        return annotated.order_by(*CapacityPool._meta.ordering)
+        return annotated.order_by(*POOL_ORDERING)
+
+
+POOL_ORDERING = ["market", "price_per_hour", "id"]
 
 
 class CapacityPool(models.Model):
@@ -185,7 +188,7 @@ class CapacityPool(models.Model):
     objects = CapacityPoolQuerySet.as_manager()
 
     class Meta:
-        ordering = ["market", "price_per_hour", "id"]
+        ordering = POOL_ORDERING
         constraints = [
             models.UniqueConstraint(
                 fields=["region", "zone", "instance_type", "market"], name="unique_capacity_pool"

@@ -9,6 +9,7 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -67,7 +68,7 @@ def pool_views() -> list[PoolView]:
             gpus_per_instance=p.gpus_per_instance,
             market=p.market,
             price_per_hour=float(p.price_per_hour),
-            free=p.free,
+            free=p.free,  # type: ignore[attr-defined]  # annotated by with_free()
             interruption_rate_per_hour=p.interruption_rate_per_hour,
             notice_s=p.advance_notice_s + p.final_window_s,
         )
@@ -298,5 +299,5 @@ def recover_orphaned_instances() -> list[int]:
                 set_state(job, JobState.MIGRATING)
             if job.state in PLACEABLE_STATES:
                 requeued.append(job.pk)
-                transaction.on_commit(lambda pk=job.pk: place_job_task.delay(pk))
+                transaction.on_commit(partial(place_job_task.delay, job.pk))
     return requeued

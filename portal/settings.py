@@ -103,7 +103,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": SQLITE_PATH,
+            "NAME": str(SQLITE_PATH),
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": env_int("BATON_SQLITE_TIMEOUT", 30, minimum=1),

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
@@ -21,10 +21,11 @@ from jobs.choices import Tolerance
 from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
 from migration.models import Accelerator, CapacityPool
+from portal.http import AuthenticatedHttpRequest
 
 
 @login_required
-def dashboard(request: HttpRequest) -> HttpResponse:
+def dashboard(request: AuthenticatedHttpRequest) -> HttpResponse:
     pools = (
         CapacityPool.objects.with_free()
         .filter(enabled=True)
@@ -35,7 +36,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+def job_detail(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(
         Job.objects.visible_to(request.user).select_related("accelerator", "project", "pool"),
         pk=job_id,
@@ -75,7 +76,7 @@ def _form_payload(post: Any) -> dict[str, Any]:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def job_new(request: HttpRequest) -> HttpResponse:
+def job_new(request: AuthenticatedHttpRequest) -> HttpResponse:
     errors: dict[str, Any] = {}
     estimate: dict[str, Any] | None = None
     values: dict[str, Any] = {

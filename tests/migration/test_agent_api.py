@@ -231,3 +231,11 @@ def test_log_lines_are_stored_per_rank_and_drops_are_said(
     assert answer == {"stored": 2}
     assert [line["line"] for line in lines][:3] == ["step 1", "step 2", "hello"]
     assert "5 line(s) dropped" in rank1[-1]["line"]
+
+
+def test_a_timestamp_without_a_zone_is_read_as_utc(placed: dict[str, Any]) -> None:
+    from datetime import UTC, datetime
+
+    send(placed["agents"][0], {"seq": 1, "type": "heartbeat", "at": "2030-01-01T12:00:00"})
+
+    assert Instance.objects.get(rank=0).last_heartbeat == datetime(2030, 1, 1, 12, tzinfo=UTC)
