@@ -210,11 +210,18 @@ def place_job(job_id: int) -> PlacementOutcome:
                 return PlacementOutcome(job_id, False, f"job is {job.state}")
             choice, decision, reason = _decide(job)
             if choice is None:
-                data = {"reason": reason, "policy": decision.rule}
                 last = job.events.order_by("-id").first()
                 set_state(job, JobState.WAITING, waiting_since=job.waiting_since or timezone.now())
-                if last is None or (last.kind, last.data) != (TimelineKind.WAITING, data):
-                    record_event(job, TimelineKind.WAITING, data)  # once per reason, not per retry
+                # Told once per rule, not at every retry (a reason's figures change as time
+                # passes; the rule changes only when the situation does).
+                if (
+                    last is None
+                    or last.kind != TimelineKind.WAITING
+                    or (last.data.get("policy") != decision.rule)
+                ):
+                    record_event(
+                        job, TimelineKind.WAITING, {"reason": reason, "policy": decision.rule}
+                    )
                 return PlacementOutcome(job_id, False, reason)
             instances = _reserve(job, choice)
             if instances is None:
