@@ -27,7 +27,8 @@ class TimelineConsumer(AsyncJsonWebsocketConsumer):
     async def allowed(self, user: Any) -> bool:
         raise NotImplementedError
 
-    def events_after(self, since: int) -> list[dict[str, Any]]:
+    def events_after(self, since: int) -> tuple[list[dict[str, Any]], str | None]:
+        """Events after `since` and, for one job, its state as of that read."""
         raise NotImplementedError
 
     async def connect(self) -> None:
@@ -56,8 +57,11 @@ class TimelineConsumer(AsyncJsonWebsocketConsumer):
         except (TypeError, ValueError):
             await self.send_json({"type": "error", "error": "since must be an event id"})
             return
-        for event in await database_sync_to_async(self.events_after)(since):
+        missed, state = await database_sync_to_async(self.events_after)(since)
+        for event in missed:
             await self._forward(event)
+        if state:
+            await self.send_json({"type": "job.state", "state": state})
         for message in self.held_back:
             await self._forward(message["event"], message.get("state"))
         self.held_back = []
@@ -96,7 +100,7 @@ class JobTimelineConsumer(TimelineConsumer):
         self.group = job_group(self.job_id)
         return await database_sync_to_async(selectors.can_watch_job)(user, self.job_id)
 
-    def events_after(self, since: int) -> list[dict[str, Any]]:
+    def events_after(self, since: int) -> tuple[list[dict[str, Any]], str | None]:
         return selectors.job_events_after(self.job_id, since)
 
 
@@ -108,5 +112,5 @@ class FleetConsumer(TimelineConsumer):
     async def allowed(self, user: Any) -> bool:
         return bool(user.is_staff)
 
-    def events_after(self, since: int) -> list[dict[str, Any]]:
+    def events_after(self, since: int) -> tuple[list[dict[str, Any]], str | None]:
         return selectors.fleet_events_after(since)

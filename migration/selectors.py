@@ -18,14 +18,25 @@ def can_watch_job(user: Any, job_id: int) -> bool:
     return Job.objects.visible_to(user).filter(pk=job_id).exists()
 
 
-def job_events_after(job_id: int, since: int) -> list[dict[str, Any]]:
-    events = TimelineEvent.objects.filter(job_id=job_id, id__gt=since).order_by("id")
-    return [serialize_event(e) for e in events[:REPLAY_LIMIT]]
+def job_events_after(job_id: int, since: int) -> tuple[list[dict[str, Any]], str | None]:
+    """The job's events after `since`, and its state as of the same read (one query when
+    there are events, so the state is never older than the events)."""
+    events = list(
+        TimelineEvent.objects.filter(job_id=job_id, id__gt=since)
+        .select_related("job")
+        .order_by("id")[:REPLAY_LIMIT]
+    )
+    state: str | None
+    if events:
+        state = events[-1].job.state
+    else:
+        state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
+    return [serialize_event(e) for e in events], state
 
 
-def fleet_events_after(since: int) -> list[dict[str, Any]]:
+def fleet_events_after(since: int) -> tuple[list[dict[str, Any]], str | None]:
     events = TimelineEvent.objects.filter(id__gt=since).order_by("id")
-    return [serialize_event(e) for e in events[:REPLAY_LIMIT]]
+    return [serialize_event(e) for e in events[:REPLAY_LIMIT]], None
 
 
 def migration_overhead_hours(default: float, last: int = 50) -> float:

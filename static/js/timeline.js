@@ -52,6 +52,7 @@
         show(payload.event);
         if (payload.state) showState(payload.state);
       }
+      if (payload.type === "job.state") showState(payload.state);
       if (payload.type === "job.progress") {
         const step = document.getElementById("job-step");
         if (step) step.textContent = payload.step;

@@ -43,7 +43,8 @@ async def test_the_workers_event_reaches_the_owners_websocket_live(
     kinds = []
     while "placement_decided" not in kinds:
         message = await ws.receive_json_from(timeout=60)
-        kinds.append(message["event"]["kind"])
+        if message["type"] == "timeline.event":
+            kinds.append(message["event"]["kind"])
 
     assert kinds == ["job_submitted", "placement_decided"]
     await ws.disconnect()
