@@ -116,6 +116,19 @@ def catalogue(db: None) -> dict[str, Any]:
     return {"region": region, "accelerators": acc, "pools": pools}
 
 
+def submit(owner: Any, catalogue: dict[str, Any], accelerator: str = "T4", **fields: Any) -> Any:
+    """Submit an mlp_numpy job through the service, as the API would."""
+    from jobs.services import submit_job
+
+    fields.setdefault("total_steps", 100)
+    return submit_job(
+        owner,
+        workload={"template": "mlp_numpy", "params": {}},
+        accelerator=catalogue["accelerators"][accelerator],
+        **fields,
+    )
+
+
 def job_body(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": "mnist",

@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-from jobs import services
 from jobs.models import Job, Project
 from migration.models import Checkpoint, Instance, LogLine, Migration
-from tests.conftest import job_body
+from tests.conftest import job_body, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -157,13 +156,7 @@ def test_job_list_costs_a_fixed_number_of_queries(
 ) -> None:
     client = client_for(alice)
     for n in range(30):
-        services.submit_job(
-            alice,
-            name=f"j{n}",
-            workload={"template": "mlp_numpy", "params": {}},
-            accelerator=catalogue["accelerators"]["T4"],
-            total_steps=10,
-        )
+        submit(alice, catalogue, name=f"j{n}")
 
     with django_assert_max_num_queries(6):
         response = client.get("/api/jobs/")

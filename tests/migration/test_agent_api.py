@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from jobs import services as job_services
 from jobs.models import Job
 from migration import services
 from migration.agent_reports import issue_agent_token
 from migration.models import Checkpoint, Instance, InterruptionEvent, TimelineEvent
+from tests.conftest import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -20,13 +20,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def placed(catalogue: Any, alice: Any) -> dict[str, Any]:
     """A two-node job placed on spot, with an agent client per rank."""
-    job = job_services.submit_job(
-        alice,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"]["T4"],
-        total_steps=100,
-        nodes=2,
-    )
+    job = submit(alice, catalogue, nodes=2)
     services.place_job(job.pk)
     agents = []
     for instance in Instance.objects.filter(job=job).order_by("rank"):

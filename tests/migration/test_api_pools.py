@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from migration.models import Instance
+from tests.conftest import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -14,15 +15,9 @@ pytestmark = pytest.mark.django_db
 def test_every_signed_in_user_reads_pools_with_free_capacity(
     catalogue: Any, alice: Any, client_for: Any
 ) -> None:
-    from jobs import services
 
     pool = catalogue["pools"]["t4_spot"]
-    job = services.submit_job(
-        alice,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"]["T4"],
-        total_steps=10,
-    )
+    job = submit(alice, catalogue)
     Instance.objects.create(job=job, pool=pool, state="running")
     Instance.objects.create(job=job, pool=pool, state="released")
 
@@ -62,14 +57,8 @@ def test_anonymous_users_cannot_read_pools(catalogue: Any, client: Any) -> None:
 def test_instances_are_listed_only_for_visible_jobs(
     catalogue: Any, alice: Any, bob: Any, client_for: Any
 ) -> None:
-    from jobs import services
 
-    job = services.submit_job(
-        alice,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"]["T4"],
-        total_steps=10,
-    )
+    job = submit(alice, catalogue)
     instance = Instance.objects.create(job=job, pool=catalogue["pools"]["t4_spot"])
 
     mine = client_for(alice).get(f"/api/instances/?job={job.pk}").json()["results"]

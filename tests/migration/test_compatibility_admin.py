@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from migration.models import CompatibilityRule
+from tests.conftest import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -77,14 +78,8 @@ def test_rules_are_managed_inline_on_the_card(catalogue: Any, admin_client: Any)
 
 
 def test_every_admin_list_page_opens(catalogue: Any, admin_client: Any, alice: Any) -> None:
-    from jobs import services
 
-    services.submit_job(
-        alice,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"]["T4"],
-        total_steps=10,
-    )
+    submit(alice, catalogue)
     for model in [
         "migration/region",
         "migration/accelerator",

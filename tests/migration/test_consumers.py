@@ -11,10 +11,10 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.test import Client
 
-from jobs import services
 from jobs.models import Job
 from migration.events import record_event
 from portal.asgi import application
+from tests.conftest import submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -42,12 +42,7 @@ async def connect(
 
 @database_sync_to_async
 def new_job(owner: Any, catalogue: Any) -> Job:
-    return services.submit_job(
-        owner,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"]["T4"],
-        total_steps=10,
-    )
+    return submit(owner, catalogue)
 
 
 @database_sync_to_async

@@ -12,18 +12,9 @@ from jobs import services as job_services
 from jobs.models import Job
 from migration import services
 from migration.models import CapacityPool, Instance, TimelineEvent
+from tests.conftest import submit
 
 pytestmark = pytest.mark.django_db
-
-
-def submit(owner: Any, catalogue: Any, accelerator: str = "T4", **fields: Any) -> Job:
-    return job_services.submit_job(
-        owner,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"][accelerator],
-        total_steps=100,
-        **fields,
-    )
 
 
 def kinds(job: Job) -> list[str]:

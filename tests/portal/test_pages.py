@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from jobs import services
 from jobs.models import Job
+from tests.conftest import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -21,10 +21,8 @@ def test_pages_need_a_login(client: Any) -> None:
 def test_the_dashboard_shows_pools_and_only_the_users_jobs(
     client: Any, catalogue: Any, alice: Any, bob: Any
 ) -> None:
-    acc = catalogue["accelerators"]["T4"]
-    wl = {"template": "mlp_numpy", "params": {}}
-    services.submit_job(alice, name="alices-run", workload=wl, accelerator=acc, total_steps=10)
-    services.submit_job(bob, name="bobs-run", workload=wl, accelerator=acc, total_steps=10)
+    submit(alice, catalogue, name="alices-run")
+    submit(bob, catalogue, name="bobs-run")
     client.force_login(alice)
 
     page = client.get("/").content.decode()
@@ -37,13 +35,7 @@ def test_the_dashboard_costs_a_fixed_number_of_queries(
     client: Any, catalogue: Any, alice: Any, django_assert_max_num_queries: Any
 ) -> None:
     for n in range(20):
-        services.submit_job(
-            alice,
-            name=f"j{n}",
-            workload={"template": "mlp_numpy", "params": {}},
-            accelerator=catalogue["accelerators"]["T4"],
-            total_steps=10,
-        )
+        submit(alice, catalogue, name=f"j{n}")
     client.force_login(alice)
 
     with django_assert_max_num_queries(8):
@@ -53,12 +45,7 @@ def test_the_dashboard_costs_a_fixed_number_of_queries(
 def test_a_job_page_is_404_for_a_stranger(
     client: Any, catalogue: Any, alice: Any, bob: Any
 ) -> None:
-    job = services.submit_job(
-        alice,
-        workload={"template": "mlp_numpy", "params": {}},
-        accelerator=catalogue["accelerators"]["T4"],
-        total_steps=10,
-    )
+    job = submit(alice, catalogue)
     client.force_login(bob)
 
     assert client.get(f"/jobs/{job.pk}/").status_code == 404
