@@ -88,10 +88,9 @@ INSTANCE_TYPES = "aws-gpu-instance-types.tsv"
 SPOT_PRICES = "aws-gpu-spot-prices-2022-05-31.tsv"
 TRACES = "spot-traces"
 
-# Local backend: short windows so a demo interruption plays out in seconds. AWS pools use
-# AWS's own two-minute final window.
+# Local backend: short windows so a demo interruption plays out in seconds. A pool created by
+# hand gets the model's defaults, AWS's: a two-minute final window, a minute to provision.
 LOCAL_NOTICE = {"advance_notice_s": 5, "final_window_s": 20, "provisioning_delay_s": 2.0}
-AWS_NOTICE = {"advance_notice_s": 0, "final_window_s": 120, "provisioning_delay_s": 60.0}
 
 
 @dataclass(frozen=True)

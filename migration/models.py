@@ -180,9 +180,11 @@ class CapacityPool(models.Model):
     interruption_rate_per_hour = models.FloatField(
         default=0.0, validators=[MinValueValidator(0.0)], help_text="Preemptions per instance-hour."
     )
+    # Defaults are AWS's: rebalance recommendations come at no fixed lead time, the
+    # instance-action notice two minutes before reclaim, and a new instance takes about a minute.
     advance_notice_s = models.PositiveIntegerField(default=0)
     final_window_s = models.PositiveIntegerField(default=120)
-    provisioning_delay_s = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)])
+    provisioning_delay_s = models.FloatField(default=60.0, validators=[MinValueValidator(0.0)])
     enabled = models.BooleanField(default=True)
 
     objects = CapacityPoolQuerySet.as_manager()
