@@ -148,6 +148,18 @@ class CompatibilityRule(models.Model):
 
 
 class CapacityPoolQuerySet(models.QuerySet["CapacityPool"]):
+    def with_mean_price(self) -> CapacityPoolQuerySet:
+        """Annotate `mean_price_per_hour`: the mean of the pool's recorded spot prices."""
+        from costs.models import PriceSample
+
+        mean = (
+            PriceSample.objects.filter(pool=models.OuterRef("pk"))
+            .values("pool")
+            .annotate(mean=models.Avg("price"))
+            .values("mean")
+        )
+        return self.annotate(mean_price_per_hour=models.Subquery(mean))
+
     def with_free(self) -> CapacityPoolQuerySet:
         """Annotate `free`: capacity minus instances holding a slot (one query for any list)."""
         active = models.Count(

@@ -20,6 +20,12 @@ class PoolSerializer(serializers.ModelSerializer):
     region = serializers.CharField(source="region.code")
     accelerator = serializers.CharField(source="accelerator.name")
     free = serializers.IntegerField(read_only=True)
+    mean_price_per_hour = serializers.FloatField(read_only=True, allow_null=True)
+    mean_time_between_interruptions_hours = serializers.SerializerMethodField()
+
+    def get_mean_time_between_interruptions_hours(self, pool: CapacityPool) -> float | None:
+        rate = pool.interruption_rate_per_hour
+        return round(1 / rate, 3) if rate > 0 else None
 
     class Meta:
         model = CapacityPool
@@ -35,6 +41,8 @@ class PoolSerializer(serializers.ModelSerializer):
             "capacity",
             "free",
             "interruption_rate_per_hour",
+            "mean_time_between_interruptions_hours",
+            "mean_price_per_hour",
             "backend",
             "advance_notice_s",
             "final_window_s",

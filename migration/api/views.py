@@ -19,6 +19,7 @@ class PoolViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> QuerySet[CapacityPool]:
         return (
             CapacityPool.objects.with_free()
+            .with_mean_price()
             .filter(enabled=True)
             .select_related("region", "accelerator")
         )

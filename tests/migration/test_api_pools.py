@@ -86,3 +86,21 @@ def test_the_openapi_schema_and_docs_are_served(alice: Any, client_for: Any) -> 
     assert "/api/jobs/{id}/timeline/" in schema.json()["paths"]
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
     assert b"cdn" not in docs.content.lower()
+
+
+def test_pools_show_figures_derived_from_history(
+    catalogue: Any, alice: Any, client_for: Any
+) -> None:
+    from costs.models import PriceSample
+
+    pool = catalogue["pools"]["v100_spot"]
+    pool.interruption_rate_per_hour = 0.5
+    pool.save()
+    for hour, price in ((1, "0.90"), (2, "1.00")):
+        PriceSample.objects.create(pool=pool, at=f"2022-05-31T{hour:02}:00:00Z", price=price)
+
+    listed = {p["id"]: p for p in client_for(alice).get("/api/pools/").json()}
+
+    assert listed[pool.pk]["mean_price_per_hour"] == pytest.approx(0.95)
+    assert listed[pool.pk]["mean_time_between_interruptions_hours"] == 2.0
+    assert listed[catalogue["pools"]["t4_od"].pk]["mean_time_between_interruptions_hours"] is None
