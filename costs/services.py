@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
 
 from costs.estimator import (
-    DEFAULT_MIGRATION_OVERHEAD_HOURS,
     DEFAULT_NOTICE_SECONDS,
     Estimate,
     EstimateInput,
@@ -206,7 +206,6 @@ def refresh_pool_figures() -> None:
 def estimate_input(job: Job) -> EstimateInput | None:
     """The estimator's view of a job (saved or not) on the pools placement would use now;
     None when no pool of either market fits it."""
-    from migration.selectors import migration_overhead_hours
     from migration.services import market_situation, prospects
 
     seen = prospects(job)
@@ -228,7 +227,7 @@ def estimate_input(job: Job) -> EstimateInput | None:
         on_demand_price_per_hour=on_demand,
         interruption_rate_per_hour=seen.interruption_rate,
         checkpoint_gb=job.checkpoint_gb,
-        migration_overhead_hours=migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS),
+        migration_overhead_hours=situation.restart_overhead_hours,
         deadline_hours=deadline_hours if deadline_hours and deadline_hours > 0 else None,
         max_wait_hours=job.max_wait_s / 3600,
         spot_available_now=situation.spot_available,
@@ -241,3 +240,28 @@ def estimate_job(job: Job) -> Estimate | None:
     """Spot against on-demand for a job, before it launches (DESIGN §7)."""
     inputs = estimate_input(job)
     return estimate(inputs) if inputs else None
+
+
+@dataclass
+class WhatIf:
+    """What the costs page shows for an accelerator and a hypothetical job on it."""
+
+    figures: dict[str, dict[str, Any]]
+    estimate: Estimate | None
+
+
+def what_if(job: Job) -> WhatIf:
+    """History charts of the job's accelerator, and its estimate with charts, when it fits."""
+    from costs import charts, selectors
+
+    name = job.accelerator.name
+    figures = {
+        "prices": charts.price_history(selectors.price_series(name)),
+        "rates": charts.interruption_rates(*selectors.pool_rates(name)),
+    }
+    inputs = estimate_input(job)
+    if inputs is None:
+        return WhatIf(figures, None)
+    figures["interval"] = charts.cost_against_interval(inputs)
+    figures["completion"] = charts.completion_time(inputs)
+    return WhatIf(figures, estimate(inputs))

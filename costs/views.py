@@ -9,10 +9,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
 
-from costs import charts, selectors
-from costs.estimator import estimate
 from costs.forms import WhatIfForm
-from costs.services import estimate_input
+from costs.services import what_if
 from jobs.services import build_job
 from portal.http import AuthenticatedHttpRequest
 
@@ -26,7 +24,6 @@ def costs_page(request: AuthenticatedHttpRequest) -> HttpResponse:
         context["form"] = form
     if form.is_valid():
         data = form.cleaned_data
-        name = data["accelerator"].name
         job = build_job(
             request.user,
             workload={},
@@ -37,14 +34,8 @@ def costs_page(request: AuthenticatedHttpRequest) -> HttpResponse:
             checkpoint_gb=data["checkpoint_gb"],
             tolerance=data["tolerance"],
         )
-        inputs = estimate_input(job)
-        figures = {
-            "prices": charts.price_history(selectors.price_series(name)),
-            "rates": charts.interruption_rates(*selectors.pool_rates(name)),
-        }
-        if inputs is not None:
-            figures["interval"] = charts.cost_against_interval(inputs)
-            figures["completion"] = charts.completion_time(inputs)
-            context["estimate"] = estimate(inputs).to_dict()
-        context["figures"] = figures
+        shown = what_if(job)
+        context["figures"] = shown.figures
+        if shown.estimate is not None:
+            context["estimate"] = shown.estimate.to_dict()
     return render(request, "costs/costs.html", context)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -118,11 +121,6 @@ DEMO_USERNAME = "demo"
 
 def demo_password() -> str:
     """BATON_DEMO_PASSWORD, else the password generated on first start into BATON_HOME."""
-    import os
-    import secrets
-
-    from django.conf import settings
-
     given = os.environ.get("BATON_DEMO_PASSWORD")
     if given:
         return given
