@@ -4,6 +4,7 @@ Celery worker. Django-free tests (instance side, pure domain) use none of these.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -142,6 +143,12 @@ def job_body(**overrides: Any) -> dict[str, Any]:
     }
     body.update(overrides)
     return body
+
+
+def remote_assets(html: str) -> list[str]:
+    """Scripts, styles and images a page loads from another host (a CDN, say)."""
+    found = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html, flags=re.IGNORECASE)
+    return [url for url in found if re.match(r"(?:[a-z]+:)?//", url, flags=re.IGNORECASE)]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30, every: float = 0.2) -> Any:

@@ -10,6 +10,7 @@ import pytest
 from costs import charts
 from costs.estimator import EstimateInput
 from jobs.models import Job
+from tests.conftest import remote_assets
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +43,7 @@ def test_the_costs_page_draws_four_charts_for_an_accelerator(
     assert set(found) == {"prices", "rates", "interval", "completion"}
     assert found["prices"]["data"][0]["y"] == [0.9, 0.95]
     assert found["rates"]["data"][0]["x"] == ["p3.2xlarge use1-az1"]
-    assert "/static/plotly/plotly.min.js" in page and "cdn" not in page.lower()
+    assert "/static/plotly/plotly.min.js" in page and remote_assets(page) == []
     assert 'id="estimate"' in page
 
 
