@@ -100,7 +100,7 @@ def save_directory(
         except (ManifestNotFound, CorruptManifest) as exc:
             logger.info("directory snapshot: parent %s unusable (%s); reading all", parent_ref, exc)
     scan_started = time.time_ns()
-    writer = _ChunkWriter(store, cancel)
+    writer = _ChunkWriter(store, cancel, stream=store._streams(ref.kind))
 
     def collect() -> tuple[dict[str, dict[str, Any]], int]:
         files: dict[str, dict[str, Any]] = {}

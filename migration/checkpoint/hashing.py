@@ -17,6 +17,11 @@ def digest(data: bytes | bytearray | memoryview) -> str:
     return blake3.blake3(data).hexdigest()
 
 
+def new_hasher() -> blake3.blake3:
+    """An incremental hasher (`update`, then `hexdigest`) giving the same digest as `digest`."""
+    return blake3.blake3()
+
+
 def is_digest(text: str) -> bool:
     """True if `text` looks like a chunk name (64 lower-case hex characters)."""
     return len(text) == DIGEST_HEX_LEN and all(c in "0123456789abcdef" for c in text)

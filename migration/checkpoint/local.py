@@ -23,6 +23,8 @@ from typing import cast
 import numpy as np
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError
+from .hashing import new_hasher
+from .manifest import EMERGENCY
 from .snapshot import aligned_empty
 from .store import DEFAULT_CHUNK_SIZE, Store
 
@@ -33,6 +35,9 @@ _TMP_MARK = ".tmp-"
 # 4096 covers every common device.
 _ALIGN = 4096
 _DIRECT_MIN = 256 * 1024
+# What a streamed chunk is copied, hashed and written in: small enough to stay in the CPU cache
+# between the copy and the hash, large enough for the disk (measured: 1 MiB beat 4 MiB).
+_STREAM_PIECE = 1024 * 1024
 _bounce = threading.local()
 
 
@@ -137,7 +142,8 @@ class LocalStore(Store):
             return self._chunk_path(chunk).exists()
         return True
 
-    def _write_chunk(self, chunk: str, data: memoryview) -> object | None:
+    def _chunk_folder(self, chunk: str) -> Path:
+        """The folder of a chunk, created on first use (synced with the next manifest)."""
         folder = self._chunk_path(chunk).parent
         if folder.name not in self._dirs_made:
             with self._dirs_lock:
@@ -145,6 +151,10 @@ class LocalStore(Store):
                     folder.mkdir(exist_ok=True)
                     self._new_dirs = True
                 self._dirs_made.add(folder.name)
+        return folder
+
+    def _write_chunk(self, chunk: str, data: memoryview) -> object | None:
+        folder = self._chunk_folder(chunk)
         path = folder / chunk
         tmp = folder / f".{chunk}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -165,6 +175,56 @@ class LocalStore(Store):
         # issued together share journal commits and device-cache flushes; one per chunk as it
         # is written made them the largest cost of a full save.
         return (tmp, path)
+
+    def _streams(self, kind: str) -> bool:
+        # An emergency save races the notice window, and trained tensors have changed since
+        # the last save; an empty store can hold none of the chunks.
+        return self.direct and self.fsync and (kind == EMERGENCY or not self._list_dirs("chunks/"))
+
+    def _write_streaming(self, data: memoryview) -> tuple[str, object] | None:
+        """Copy, hash and write a chunk a piece at a time: each piece is hashed while it is in
+        the CPU cache and goes to the disk with O_DIRECT while the next is prepared, so the
+        hash costs no extra pass over memory and no wait before the first byte is written."""
+        if not self.direct or len(data) < _DIRECT_MIN:
+            return None
+        tmp = self.root / "chunks" / f".stream{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o644
+            )
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.direct = False
+            return None
+        hasher = new_hasher()
+        source = np.frombuffer(data, dtype=np.uint8)
+        aligned = source.ctypes.data % _ALIGN == 0
+        body = len(data) - len(data) % _ALIGN
+        try:
+            try:
+                for start in range(0, body, _STREAM_PIECE):
+                    end = min(start + _STREAM_PIECE, body)
+                    if aligned:
+                        piece = data[start:end]
+                    else:
+                        staged = _bounce_buffer(_STREAM_PIECE)[: end - start]
+                        staged[:] = source[start:end]
+                        piece = staged.data
+                    hasher.update(piece)
+                    _write_all(fd, piece)
+                if body < len(data):
+                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    hasher.update(data[body:])
+                    _write_all(fd, data[body:])
+            finally:
+                os.close(fd)
+            chunk = hasher.hexdigest()
+            return chunk, (tmp, self._chunk_folder(chunk) / chunk)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def _finish_chunks(self, tokens: list[object]) -> None:
         def finish(token: object) -> None:
@@ -356,6 +416,7 @@ class LocalStore(Store):
     def _remove_stale_temporaries(self, older_than_s: float) -> None:
         now = time.time()
         folders = [self.root / "chunks" / d for d in self._list_dirs("chunks/")]
+        folders += [self.root / "chunks"]
         folders += [self.root / "jobs" / job / "manifests" for job in self.jobs()]
         for folder in folders:
             with contextlib.suppress(FileNotFoundError):

@@ -164,6 +164,23 @@ def test_an_unchanged_tensor_is_not_written_again(store: Store) -> None:
     assert_same_state(state, store.load(third.ref).state)
 
 
+def test_an_emergency_save_of_unchanged_tensors_adds_nothing_and_leaves_nothing(
+    store: Store, tmp_path: Path
+) -> None:
+    # An emergency save writes new chunks while hashing them (local store): a chunk the store
+    # already holds is then dropped, never stored twice or left behind half-named.
+    state = make_state(0, mib=4)
+    store.save("job-1", 1, state)
+    emergency = store.save("job-1", 1, state, kind="emergency")
+
+    assert emergency.bytes_new < 64 * 1024
+    assert store.latest("job-1") == emergency.ref
+    assert_same_state(state, store.load(emergency.ref).state)
+    store.verify(emergency.ref)
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+
+
 def test_verify_names_a_chunk_with_a_flipped_byte(store: Store) -> None:
     result = store.save("job-1", 1, make_state())
     assert store.verify(result.ref).chunks == result.chunks_total
