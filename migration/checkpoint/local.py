@@ -17,13 +17,14 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError
-from .hashing import new_hasher
+from .hashing import digest, new_hasher
 from .manifest import EMERGENCY
 from .snapshot import aligned_empty
 from .store import DEFAULT_CHUNK_SIZE, Store
@@ -38,6 +39,9 @@ _DIRECT_MIN = 256 * 1024
 # What a streamed chunk is copied, hashed and written in: small enough to stay in the CPU cache
 # between the copy and the hash, large enough for the disk (measured: 1 MiB beat 4 MiB).
 _STREAM_PIECE = 1024 * 1024
+# What a load reads a chunk in, one part per worker (measured on 64 and 256 MiB restores:
+# 2-8 MiB parts beat whole 16 MiB chunks by 10-25 %).
+_READ_PART = 4 * 1024 * 1024
 _bounce = threading.local()
 
 
@@ -343,11 +347,36 @@ class LocalStore(Store):
             raise
         fsync_dir(path.parent)
 
-    def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
+    def _submit_read(
+        self, pool: ThreadPoolExecutor, chunk: str, out: memoryview, where: str, check: bool
+    ) -> list[Future[None]]:
+        # A chunk is read in parts on several workers: the disk sees more requests at once (a
+        # 64 MiB restore is otherwise four reads deep). The part that lands last checks the hash.
+        starts = range(0, len(out), _READ_PART)
+        if not self.direct or len(starts) < 2:
+            return super()._submit_read(pool, chunk, out, where, check)
+        left = [len(starts)]
+        lock = threading.Lock()
+
+        def read(start: int) -> None:
+            self._read_chunk_into(chunk, out[start : start + _READ_PART], start, len(out))
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last and check and digest(out) != chunk:
+                raise CorruptChunk(chunk, "content does not match its hash", where)
+
+        return [pool.submit(read, start) for start in starts]
+
+    def _read_chunk_into(
+        self, chunk: str, out: memoryview, offset: int = 0, chunk_size: int | None = None
+    ) -> None:
+        """Fill `out` from the chunk, from `offset` on (a part of a chunk of `chunk_size`)."""
         path = self._chunk_path(chunk)
         size = len(out)
+        expected = size if chunk_size is None else chunk_size
         body = 0
-        aligned = self.direct and size >= _DIRECT_MIN
+        aligned = self.direct and size >= _DIRECT_MIN and offset % _ALIGN == 0
         if aligned and np.frombuffer(out, dtype=np.uint8).ctypes.data % _ALIGN == 0:
             body = size - size % _ALIGN
         try:
@@ -361,15 +390,15 @@ class LocalStore(Store):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             actual = os.fstat(fd).st_size
-            if actual != size:
-                raise CorruptChunk(chunk, f"{actual} bytes instead of {size}")
+            if actual != expected:
+                raise CorruptChunk(chunk, f"{actual} bytes instead of {expected}")
             # Straight from the disk into the caller's aligned buffer when possible (no page
             # cache copy); whatever is not a whole block is read through the page cache.
-            _read_exactly(fd, out[:body], 0, chunk)
+            _read_exactly(fd, out[:body], offset, chunk)
             if body < size:
                 if body:
                     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                _read_exactly(fd, out[body:], body, chunk)
+                _read_exactly(fd, out[body:], offset + body, chunk)
         finally:
             os.close(fd)
 
