@@ -384,3 +384,22 @@ def test_a_directory_snapshot_rereads_a_file_whose_old_chunks_are_gone(
     second = store.save_directory("job-d", src, 2, "periodic", parent=first.ref)
     assert second.bytes_new >= CHUNK
     store.verify(second.ref)
+
+
+@pytest.mark.parametrize("damaged_part", [0, 2])
+def test_a_chunk_read_in_parts_loads_identical_and_any_damaged_part_fails_the_load(
+    tmp_path: Path, damaged_part: int
+) -> None:
+    from migration.checkpoint import LocalStore
+
+    # 16 MiB chunks are read in 4 MiB parts by several workers; the tail is not a whole block.
+    store = LocalStore(tmp_path / "store", chunk_size=16 * 1024 * 1024)
+    state = {"w": np.random.default_rng(3).standard_normal(3_000_001).astype(np.float32)}
+    ref = store.save("job-1", 1, state).ref
+    assert_same_state(state, store.load(ref).state)
+
+    chunk, size = store.load_manifest(ref).tensors["state/w"]["chunks"][0]
+    flip_byte(store, chunk, size, offset=damaged_part * 4 * 1024 * 1024 + 5)
+    with pytest.raises(CorruptChunk) as raised:
+        store.load(ref)
+    assert chunk in str(raised.value)
