@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from portal.embedded_redis import resolve_redis
 
 if not os.environ.get("BATON_TEST_HOME"):
     os.environ["BATON_TEST_HOME"] = tempfile.mkdtemp(prefix="baton-test-")
+    # Registered first, so it runs last: after the embedded Redis below has stopped.
+    atexit.register(shutil.rmtree, os.environ["BATON_TEST_HOME"], ignore_errors=True)
 os.environ["BATON_HOME"] = os.environ["BATON_TEST_HOME"]
 
 if not os.environ.get("BATON_TEST_REDIS_URL"):
