@@ -413,8 +413,9 @@ class Checkpointer:
         self, step: int, state: object, extra: object = None, *, val_loss: ValLoss = None
     ) -> SaveResult:
         """Commit the live state now: the persist in flight is cancelled (it stops at its next
-        chunk and removes its temporaries), nothing is copied, compressed or read back; chunks
-        already in the store are not written again."""
+        chunk and removes its temporaries), nothing is compressed or read back; frozen tensors
+        already in the store are not written again, the others are written while they are
+        hashed (docs/decisions/005)."""
         started = time.monotonic()
         logger.info("emergency save started step=%d", step)
         self._cancel_persist = True
