@@ -27,5 +27,5 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy portal jobs migration costs
+	$(BIN)/mypy portal jobs migration costs tests
 	$(BIN)/python -m pytest

@@ -40,7 +40,7 @@ if os.environ.get("BATON_TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["BATON_TEST_DATABASE_NAME"]
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-CELERY_BEAT_SCHEDULE: dict[str, object] = {}
+CELERY_BEAT_SCHEDULE = {}  # beat never runs inside the tests
 
 # Connections opened by the test process's worker threads (websocket consumers) are closed
 # after each use, so the test database can be dropped at the end.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,12 @@ from costs.estimator import (
     expected_cost_to_finish,
     young_daly_interval_seconds,
 )
+
+
+def finite(value: float | None) -> float:
+    """A figure the estimator gives as None when the job would never finish on spot."""
+    assert value is not None, "expected a finite figure"
+    return value
 
 
 def _input(**overrides: object) -> EstimateInput:
@@ -51,7 +58,7 @@ def test_expected_spot_cost_grows_with_the_interruption_rate(
             deadline_hours=deadline,
         )
     )
-    assert busy.spot.expected_cost > calm.spot.expected_cost
+    assert finite(busy.spot.expected_cost) > finite(calm.spot.expected_cost)
 
 
 @settings(max_examples=15, deadline=None)
@@ -122,7 +129,7 @@ def test_the_monte_carlo_agrees_with_the_closed_form_without_a_deadline(
 
 
 def test_the_estimate_serialises_to_the_api_shape() -> None:
-    payload = estimate(_input(deadline_hours=14)).to_dict()
+    payload: dict[str, Any] = estimate(_input(deadline_hours=14)).to_dict()
     json.dumps(payload)
     assert set(payload) >= {
         "spot",
@@ -152,8 +159,7 @@ def test_the_same_seed_gives_the_same_estimate_and_another_seed_a_close_one() ->
 
 def test_p90_time_is_at_least_the_expected_time_when_spot_waits_for_capacity() -> None:
     result = estimate(_input(mean_outage_hours=2.0))
-    assert result.spot.p90_hours >= result.spot.expected_hours
-    assert result.spot.expected_hours > 10.0
+    assert finite(result.spot.p90_hours) >= finite(result.spot.expected_hours) > 10.0
 
 
 def test_young_daly_interval_for_a_one_minute_save_and_an_hour_between_interruptions() -> None:
@@ -183,7 +189,7 @@ def test_a_deadline_on_spot_is_met_by_moving_to_on_demand_in_time() -> None:
         )
     )
     assert result.spot.deadline_met_probability == 1.0
-    assert result.spot.p90_hours <= 22
+    assert finite(result.spot.p90_hours) <= 22
     assert result.spot.expected_on_demand_hours > 0
 
 

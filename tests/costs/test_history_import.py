@@ -53,6 +53,7 @@ def test_traces_become_runs_and_feed_the_pools_interruption_rate(seeded: None) -
         region__code="us-east-1", accelerator__name="V100-16GB", market="spot"
     ).first()
     assert report.imported == 11 and len(report.skipped) == 2  # us-east-2 is not a demo region
+    assert pool is not None
     assert pool.interruption_rate_per_hour == pytest.approx(independent_rate(east), abs=1e-4)
     assert AvailabilitySample.objects.count() < 5000  # runs, not 250,000 ticks
 
@@ -69,7 +70,8 @@ def test_runs_keep_every_tick_of_a_trace(seeded: None) -> None:
     )
 
     assert np.array_equal(rebuilt.unavailable, load_trace(path).unavailable)
-    assert samples.first().at.isoformat().startswith("2023-04-22")
+    first = samples.first()
+    assert first is not None and first.at.isoformat().startswith("2023-04-22")
 
 
 def test_importing_again_replaces_instead_of_doubling(seeded: None) -> None:

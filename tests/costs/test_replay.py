@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -123,7 +125,7 @@ def test_the_optimum_falls_back_to_on_demand_when_no_plan_meets_the_deadline() -
 def test_the_replay_json_has_the_four_fields_for_every_plan() -> None:
     job = ReplayJob(task_hours=2, deadline_hours=4, restart_overhead_hours=0.5)
     result = compare(_trace("0100"), HOUR, job, make_tolerance_policy(job, "aggressive", 0.2))
-    payload = result.to_dict()
+    payload: dict[str, Any] = result.to_dict()
     assert set(payload) == {"policy", "on_demand", "greedy", "optimal"}
     for plan in payload.values():
         assert {"cost", "finish_hours", "deadline_met", "preemptions"} <= set(plan)

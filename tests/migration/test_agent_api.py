@@ -119,7 +119,8 @@ def test_only_emergency_checkpoints_appear_on_the_timeline(placed: dict[str, Any
     ]
     committed = TimelineEvent.objects.get(kind="checkpoint_committed")
     assert committed.data["step"] == 25
-    assert Checkpoint.objects.get(step=25).region.code == "us-east-1"
+    region = Checkpoint.objects.get(step=25).region
+    assert region is not None and region.code == "us-east-1"
 
 
 def test_progress_of_rank_zero_moves_the_job(placed: dict[str, Any]) -> None:
@@ -195,7 +196,8 @@ def test_a_failed_self_check_marks_the_instance_abnormal(placed: dict[str, Any])
     )
 
     instance = Instance.objects.get(rank=0)
-    assert instance.awareness_abnormal and instance.self_check["checks"] == {"imds": "unreachable"}
+    assert instance.awareness_abnormal and instance.self_check is not None
+    assert instance.self_check["checks"] == {"imds": "unreachable"}
 
 
 def test_a_malformed_batch_is_refused_with_field_errors(placed: dict[str, Any]) -> None:

@@ -98,11 +98,11 @@ def test_interruption_rates_come_from_the_traces_with_a_default_elsewhere(
     seeded: None, settings: Any
 ) -> None:
     def rate(region: str, acc: str) -> float:
-        return (
-            CapacityPool.objects.filter(region__code=region, accelerator__name=acc, market="spot")
-            .first()
-            .interruption_rate_per_hour
-        )
+        pool = CapacityPool.objects.filter(
+            region__code=region, accelerator__name=acc, market="spot"
+        ).first()
+        assert pool is not None, f"no spot pool of {acc} in {region}"
+        return pool.interruption_rate_per_hour
 
     from tests.costs.test_history_import import DATA, independent_rate
 
@@ -118,6 +118,7 @@ def test_interruption_rates_come_from_the_traces_with_a_default_elsewhere(
 def test_local_pools_have_short_windows_and_a_provisioning_delay(seeded: None) -> None:
     pool = CapacityPool.objects.filter(backend="local").first()
 
+    assert pool is not None
     assert 0 < pool.advance_notice_s < pool.final_window_s < 120
     assert pool.provisioning_delay_s > 0
 
