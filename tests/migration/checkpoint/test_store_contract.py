@@ -403,3 +403,27 @@ def test_a_chunk_read_in_parts_loads_identical_and_any_damaged_part_fails_the_lo
     with pytest.raises(CorruptChunk) as raised:
         store.load(ref)
     assert chunk in str(raised.value)
+
+
+def test_gc_removes_temporaries_a_killed_writer_left_once_they_are_old(tmp_path: Path) -> None:
+    from migration.checkpoint import LocalStore
+
+    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
+    store.save("job-1", 1, make_state(0, mib=2))
+    chunks = tmp_path / "store" / "chunks"
+    folder = next(p for p in chunks.iterdir() if p.is_dir())
+    # What a writer killed mid-save leaves: a chunk written in place, and one streamed (an
+    # emergency save, or a first save) that never got its name.
+    old = [folder / f".{'a' * 64}.tmp-1-aaaa", chunks / ".stream.tmp-1-bbbb"]
+    young = chunks / ".stream.tmp-2-cccc"
+    for path in [*old, young]:
+        path.write_bytes(b"partial")
+    an_hour_ago = time.time() - 3600
+    for path in old:
+        os.utime(path, (an_hour_ago, an_hour_ago))
+
+    store.gc("job-1", keep=1, grace_s=600)
+
+    assert [p.exists() for p in old] == [False, False]
+    assert young.exists()
+    store.verify(newest(store, "job-1"))
