@@ -70,6 +70,11 @@ def _read_exactly(fd: int, out: memoryview, offset: int, chunk: str) -> None:
         filled += n
 
 
+def _clear_direct(fd: int) -> None:
+    """Go on through the page cache on this descriptor (for a tail that is not a whole block)."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a folder so the renames inside it survive a crash."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -185,6 +190,20 @@ class LocalStore(Store):
         # the last save; an empty store can hold none of the chunks.
         return self.direct and self.fsync and (kind == EMERGENCY or not self._list_dirs("chunks/"))
 
+    def _open_direct(self, tmp: Path) -> int | None:
+        """A new file opened for O_DIRECT writes, or None once this file system refused it
+        (the store then writes buffered from now on)."""
+        try:
+            return os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o644
+            )
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.direct = False
+            logger.debug("%s: no O_DIRECT on this file system; writing buffered", self.root)
+            return None
+
     def _write_streaming(self, data: memoryview) -> tuple[str, object] | None:
         """Copy, hash and write a chunk a piece at a time: each piece is hashed while it is in
         the CPU cache and goes to the disk with O_DIRECT while the next is prepared, so the
@@ -192,14 +211,8 @@ class LocalStore(Store):
         if not self.direct or len(data) < _DIRECT_MIN:
             return None
         tmp = self.root / "chunks" / f".stream{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o644
-            )
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self.direct = False
+        fd = self._open_direct(tmp)
+        if fd is None:
             return None
         hasher = new_hasher()
         source = np.frombuffer(data, dtype=np.uint8)
@@ -218,17 +231,22 @@ class LocalStore(Store):
                     hasher.update(piece)
                     _write_all(fd, piece)
                 if body < len(data):
-                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    _clear_direct(fd)
                     hasher.update(data[body:])
                     _write_all(fd, data[body:])
             finally:
                 os.close(fd)
             chunk = hasher.hexdigest()
             return chunk, (tmp, self._chunk_folder(chunk) / chunk)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            raise
+            if not (isinstance(exc, OSError) and exc.errno == errno.EINVAL):
+                raise
+            # The file system took the O_DIRECT open but refuses the writes, as `_write_direct`
+            # also handles: from now on this store writes buffered, this chunk included.
+            self.direct = False
+            return None
 
     def _finish_chunks(self, tokens: list[object]) -> None:
         def finish(token: object) -> None:
@@ -266,15 +284,8 @@ class LocalStore(Store):
         """Write a chunk with O_DIRECT: the disk reads our buffer, no page-cache copy (a fifth
         of the CPU of a buffered write, which a training loop beside a persist notices).
         False if this file system refuses O_DIRECT (the caller then writes buffered)."""
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o644
-            )
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self.direct = False
-            logger.debug("%s: no O_DIRECT on this file system; writing buffered", self.root)
+        fd = self._open_direct(tmp)
+        if fd is None:
             return False
         try:
             body = len(data) - len(data) % _ALIGN
@@ -287,8 +298,7 @@ class LocalStore(Store):
                 self.direct = False
                 return self._unlink_and_refuse(fd, tmp)
             if body < len(data):
-                # The tail is not a whole block: finish it through the page cache.
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                _clear_direct(fd)  # the tail is not a whole block
                 _write_all(fd, data[body:])
         finally:
             with contextlib.suppress(OSError):
@@ -397,7 +407,7 @@ class LocalStore(Store):
             _read_exactly(fd, out[:body], offset, chunk)
             if body < size:
                 if body:
-                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    _clear_direct(fd)
                 _read_exactly(fd, out[body:], offset + body, chunk)
         finally:
             os.close(fd)
