@@ -206,7 +206,7 @@ def refresh_pool_figures() -> None:
 def estimate_input(job: Job) -> EstimateInput | None:
     """The estimator's view of a job (saved or not) on the pools placement would use now;
     None when no pool of either market fits it."""
-    from migration.services import market_situation, prospects
+    from migration.selectors import market_situation, prospects
 
     seen = prospects(job)
     if seen.spot_fit is None and seen.on_demand_fit is None:

@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+
+class StatefulJob(Protocol):
+    """What `set_state` needs of a job row (jobs.models.Job, without importing Django)."""
+
+    state: str
+    finished_at: datetime | None
+
+    def save(self, *, update_fields: list[str]) -> None: ...
+
+
 TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"placing", "cancelled", "failed"}),
     "placing": frozenset({"starting", "waiting", "failed", "cancelled"}),
@@ -34,3 +47,16 @@ def check_transition(current: str, target: str) -> None:
 
 def is_finished(state: str) -> bool:
     return state in FINISHED
+
+
+def set_state(job: StatefulJob, state: str, **fields: Any) -> None:
+    """Move a locked job along its lifecycle and save the changed fields: the one place a
+    job's state changes."""
+    check_transition(job.state, state)
+    job.state = state
+    if is_finished(state):
+        job.finished_at = datetime.now(UTC)
+        fields.setdefault("finished_at", job.finished_at)
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.save(update_fields=["state", "updated_at", *fields])

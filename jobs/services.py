@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 from django.utils.text import slugify
 
 from jobs.choices import JobState
-from jobs.lifecycle import check_transition, is_finished
+from jobs.lifecycle import is_finished, set_state
 from jobs.models import Job, Project
 from jobs.workloads.catalog import TEMPLATES
 from migration.choices import TimelineKind
@@ -52,18 +51,6 @@ def derived_inputs(workload: dict[str, Any], total_steps: int) -> tuple[float, f
         return total_steps * 0.01 / 3600, 1.0
     params = workload.get("params", {})
     return template.expected_hours(total_steps, params), template.checkpoint_gb(params)
-
-
-def set_state(job: Job, state: str, **fields: Any) -> None:
-    """Move a locked job along its lifecycle and save the changed fields."""
-    check_transition(job.state, state)
-    job.state = state
-    if is_finished(state):
-        job.finished_at = timezone.now()
-        fields.setdefault("finished_at", job.finished_at)
-    for name, value in fields.items():
-        setattr(job, name, value)
-    job.save(update_fields=["state", "updated_at", *fields])
 
 
 def build_job(owner: User, **fields: Any) -> Job:

@@ -19,9 +19,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobs.choices import JobState
-from jobs.lifecycle import is_finished
+from jobs.lifecycle import is_finished, set_state
 from jobs.models import Job
-from jobs.services import set_state
 from migration.choices import (
     ACTIVE_INSTANCE_STATES,
     CheckpointKind,

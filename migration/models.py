@@ -196,7 +196,9 @@ class CapacityPool(models.Model):
     # instance-action notice two minutes before reclaim, and a new instance takes about a minute.
     advance_notice_s = models.PositiveIntegerField(default=0)
     final_window_s = models.PositiveIntegerField(default=120)
-    provisioning_delay_s = models.FloatField(default=60.0, validators=[MinValueValidator(0.0)])
+    # A few seconds: what the local backend waits before starting an agent, so a migration
+    # shows a realistic provisioning phase; BATON_PROVISIONING_DELAY_S overrides every pool.
+    provisioning_delay_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.0)])
     enabled = models.BooleanField(default=True)
 
     objects = CapacityPoolQuerySet.as_manager()
@@ -231,7 +233,25 @@ class Instance(models.Model):
     last_event_seq = models.PositiveBigIntegerField(
         default=0, help_text="Highest agent event applied (re-sent batches are applied once)."
     )
+    migration = models.ForeignKey(
+        "migration.Migration",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="instances",
+        help_text="The migration this instance was placed (or pre-reserved) for.",
+    )
+    resume_manifest = models.CharField(
+        max_length=512, blank=True, help_text="The checkpoint the instance was started from."
+    )
+    # The notices this instance's metadata endpoint serves (local backend; DESIGN §5 paths).
+    advance_notice_at = models.DateTimeField(null=True, blank=True)
+    final_notice_at = models.DateTimeField(null=True, blank=True)
+    reclaim_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    launched_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the backend was asked to start its agent."
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
@@ -274,6 +294,9 @@ class Migration(models.Model):
         max_length=16, choices=MigrationPhase.choices, default=MigrationPhase.NOTICE
     )
     lost_steps = models.PositiveIntegerField(default=0)
+    rollbacks = models.PositiveSmallIntegerField(
+        default=0, help_text="Restores that failed and fell back to an earlier checkpoint."
+    )
     checkpoint = models.ForeignKey(
         "migration.Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
