@@ -4,6 +4,12 @@
 
 Same synthetic data as mlp_numpy (a pure function of seed and step). Dropout draws from torch's
 generator and the learning-rate jitter from Python's, so the SDK must restore both.
+
+With BATON_WORLD_SIZE > 1 each process is one rank of a data-parallel gang (torch.distributed,
+gloo; see distributed.py): every rank builds the same weights from the seed, takes rows
+rank::world_size of each step's batch and averages its gradients with the others' before the
+optimizer step, so all ranks hold the same weights. Each rank's dropout draws from its own
+stream; the learning-rate jitter is the same on every rank (same seed, same draws).
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from .distributed import average_gradients, join_gang, position
 from .training import (
     D_IN,
     D_OUT,
     PAD_ROW,
+    GangError,
     batch,
     jitter,
     lr_at,
@@ -57,6 +65,13 @@ class TorchMLP:
         )
         pad = make_pad(args.seed, args.state_mb)
         self.pad = torch.from_numpy(pad) if pad is not None else None
+        self.rank, self.world_size = position()
+        if self.batch_size < self.world_size:
+            raise GangError(f"--batch {self.batch_size} leaves a rank of {self.world_size} idle")
+        if self.world_size > 1:
+            # The weights above are the same on every rank; dropout masks should not be.
+            seed = np.random.default_rng([args.seed, 8, self.rank]).integers(2**63)
+            torch.manual_seed(int(seed))
 
     def state(self) -> dict[str, Any]:
         model: dict[str, Any] = dict(self.model.state_dict())
@@ -78,10 +93,14 @@ class TorchMLP:
 
     def train_step(self, step: int) -> None:
         x, y = batch(self.seed, step, self.batch_size, self.teacher)
+        if self.world_size > 1:  # this rank's shard of the step's batch
+            x = np.ascontiguousarray(x[self.rank :: self.world_size])
+            y = np.ascontiguousarray(y[self.rank :: self.world_size])
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(self.model(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
+        average_gradients(self.model.parameters())
         factor = jitter()
         for group in self.optimizer.param_groups:
             group["lr"] = self.scheduler.get_last_lr()[0] * factor
@@ -105,7 +124,7 @@ class TorchMLP:
 
 def main() -> int:
     """Entry point: `python -m jobs.workloads.mlp_torch --steps N --seed S ...`."""
-    return run("mlp_torch", TorchMLP)
+    return run("mlp_torch", TorchMLP, join=join_gang)
 
 
 if __name__ == "__main__":
