@@ -265,3 +265,39 @@ def what_if(job: Job) -> WhatIf:
     figures["interval"] = charts.cost_against_interval(inputs)
     figures["completion"] = charts.completion_time(inputs)
     return WhatIf(figures, estimate(inputs))
+
+
+def accrue_job_costs(job: Job) -> tuple[Decimal, Decimal]:
+    """Cost so far of a job from its instance-seconds at each pool's price, and what the same
+    seconds would have cost on on-demand capacity of the same hardware (the savings baseline).
+    Saved on the job; returns (cost, on-demand cost)."""
+    from django.utils import timezone
+
+    from migration.models import Instance
+
+    now = timezone.now()
+    on_demand_rate = (
+        CapacityPool.objects.filter(
+            market=Market.ON_DEMAND,
+            accelerator_id=job.accelerator_id,
+            gpus_per_instance=job.gpus_per_node,
+        )
+        .order_by("price_per_hour")
+        .values_list("price_per_hour", flat=True)
+        .first()
+    )
+    cost = baseline = Decimal("0")
+    instances = Instance.objects.filter(job=job).select_related("pool")
+    for instance in instances:
+        began = instance.started_at or instance.launched_at
+        if began is None:
+            continue
+        hours = Decimal(max(0.0, ((instance.ended_at or now) - began).total_seconds()) / 3600)
+        price = instance.pool.price_per_hour
+        cost += hours * price
+        rate = price if instance.pool.market == Market.ON_DEMAND else on_demand_rate
+        baseline += hours * (rate if rate is not None else price)
+    cost, baseline = cost.quantize(Decimal("0.0001")), baseline.quantize(Decimal("0.0001"))
+    Job.objects.filter(pk=job.pk).update(cost_so_far=cost, on_demand_cost_so_far=baseline)
+    job.cost_so_far, job.on_demand_cost_so_far = cost, baseline
+    return cost, baseline

@@ -89,6 +89,11 @@ class Job(models.Model):
         "migration.CapacityPool", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     interruptions = models.PositiveIntegerField(default=0)
+    on_demand_only = models.BooleanField(
+        default=False,
+        help_text="Set when an instance's interruption awareness failed: the job stays on "
+        "on-demand capacity from then on.",
+    )
     cost_so_far = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
     on_demand_cost_so_far = models.DecimalField(
         max_digits=12,

@@ -18,6 +18,7 @@ from jobs.models import Job, Project
 from jobs.workloads.catalog import TEMPLATES
 from migration.choices import TimelineKind
 from migration.events import record_event
+from portal.enqueue import enqueue_on_commit
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -61,21 +62,20 @@ def build_job(owner: User, **fields: Any) -> Job:
     return Job(owner=owner, **fields)
 
 
-@transaction.atomic
 def submit_job(owner: User, **fields: Any) -> Job:
     """Create a job from validated fields with its cost estimate, and queue its placement
-    after commit."""
+    after commit. The estimate (a Monte Carlo) runs before the write transaction opens."""
     from costs.services import estimate_job
-    from migration.tasks import place_job_task
 
     if fields.get("project") is None:
         fields["project"] = ensure_personal_project(owner)
     job = build_job(owner, **fields)
     estimate = estimate_job(job)
     job.estimate = estimate.to_dict() if estimate else None
-    job.save()
-    record_event(job, TimelineKind.JOB_SUBMITTED, {"by": owner.get_username()})
-    transaction.on_commit(lambda: place_job_task.delay(job.pk))
+    with transaction.atomic():
+        job.save()
+        record_event(job, TimelineKind.JOB_SUBMITTED, {"by": owner.get_username()})
+        enqueue_on_commit("migration.tasks.place_job_task", job.pk)
     return job
 
 

@@ -3,10 +3,11 @@ and read-mostly views of instances, migrations, checkpoints and the timeline."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from migration.interruptions import InstanceNotRunning, interrupt_instance
 from migration.models import (
     Accelerator,
     CapacityPool,
@@ -94,11 +95,36 @@ class CapacityPoolAdmin(admin.ModelAdmin):
 
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
+    """Instances change through their agents and the orchestrator, not by hand; staff can
+    interrupt running ones (the same two-level notice as POST /api/instances/{id}/interrupt/)."""
+
     list_display = ["id", "job", "rank", "pool", "state", "awareness_abnormal", "last_heartbeat"]
     list_filter = ["state", "awareness_abnormal", "pool__market"]
     list_select_related = ["job", "pool", "pool__region"]
-    readonly_fields = ["agent_token_hash", "self_check", "created_at"]
-    raw_id_fields = ["job", "pool"]
+    readonly_fields = [field.name for field in Instance._meta.fields if field.name not in ("id",)]
+    actions = ["interrupt"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Interrupt (the pool's advance notice and final window)")
+    def interrupt(self, request: HttpRequest, queryset: QuerySet[Instance]) -> None:
+        done, refused = [], []
+        for instance in queryset.select_related("pool"):
+            try:
+                interrupt_instance(
+                    instance.pk,
+                    advance_notice_s=instance.pool.advance_notice_s,
+                    final_window_s=instance.pool.final_window_s,
+                    source="manual",
+                )
+                done.append(str(instance.pk))
+            except InstanceNotRunning as exc:
+                refused.append(str(exc))
+        if done:
+            self.message_user(request, f"Interrupted instance(s) {', '.join(done)}.")
+        for reason in refused:
+            self.message_user(request, reason, level=messages.WARNING)
 
 
 @admin.register(InterruptionEvent)

@@ -7,9 +7,7 @@ applied once. Each batch is one transaction under the instance's row lock.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -19,38 +17,23 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobs.choices import JobState
-from jobs.lifecycle import is_finished, set_state
+from jobs.lifecycle import is_finished
 from jobs.models import Job
+from migration import orchestration
+from migration.checkpoint import ManifestRef, StoreConfigError
 from migration.choices import (
     ACTIVE_INSTANCE_STATES,
     CheckpointKind,
     CheckpointStatus,
     InstanceState,
     InterruptionLevel,
-    TimelineKind,
 )
-from migration.events import broadcast, record_event
+from migration.events import broadcast
 from migration.models import Checkpoint, Instance, InterruptionEvent, LogLine
 
 logger = logging.getLogger(__name__)
 
 MAX_LINE_CHARS = 4000
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def issue_agent_token(instance: Instance) -> str:
-    """A new secret for the instance's agent; only its hash is stored."""
-    token = secrets.token_urlsafe(32)
-    instance.agent_token_hash = token_hash(token)
-    instance.save(update_fields=["agent_token_hash"])
-    return token
-
-
-def instance_for_token(token: str) -> Instance | None:
-    return Instance.objects.filter(agent_token_hash=token_hash(token)).first()
 
 
 def _when(event: dict[str, Any]) -> datetime:
@@ -61,42 +44,38 @@ def _when(event: dict[str, Any]) -> datetime:
 
 
 def _started(instance: Instance, job: Job, at: datetime) -> None:
-    """First word from an agent: its instance runs; the job runs once every rank does."""
+    """First word from an agent: its instance runs (the job, once the gang is ready)."""
     if instance.state != InstanceState.PROVISIONING:
         return
     instance.state = InstanceState.RUNNING
     instance.started_at = at
-    record_event(
-        job,
-        TimelineKind.INSTANCE_STARTED,
-        {"instance": instance.pk, "rank": instance.rank, "pool": instance.pool_id},
-    )
-    others = Instance.objects.filter(job=job, state=InstanceState.PROVISIONING).exclude(
-        pk=instance.pk
-    )
-    if job.state == JobState.STARTING and not others.exists():
-        set_state(job, JobState.RUNNING)
-        record_event(job, TimelineKind.RUNNING, {"pool": job.pool_id, "market": job.market})
+    instance.save(update_fields=["state", "started_at"])
+    orchestration.on_started(job, instance)
 
 
 def _self_check(instance: Instance, job: Job, event: dict[str, Any]) -> None:
     instance.self_check = {k: v for k, v in event.items() if k not in {"seq", "type"}}
-    if event.get("ok") is False:
-        instance.awareness_abnormal = True
     _started(instance, job, _when(event))
+    if event.get("ok") is False:
+        _abnormal(instance, job, "its self-check failed")
 
 
 def _heartbeat(instance: Instance, job: Job, event: dict[str, Any]) -> None:
     instance.last_heartbeat = _when(event)
-    if event.get("listener") not in (None, "ok"):
-        instance.awareness_abnormal = True
     _started(instance, job, instance.last_heartbeat)
+    if event.get("listener") not in (None, "ok"):
+        _abnormal(instance, job, f"its listener is {event.get('listener')}")
     _progress(instance, job, event)
 
 
 def _progress(instance: Instance, job: Job, event: dict[str, Any]) -> None:
     step = event.get("step")
-    if instance.rank != 0 or not isinstance(step, int) or step < 0:
+    if (
+        instance.rank != 0
+        or instance.state not in ACTIVE_INSTANCE_STATES
+        or not isinstance(step, int)
+        or step < 0
+    ):
         return
     job.step = step
     job.save(update_fields=["step", "updated_at"])
@@ -117,28 +96,20 @@ def _notice(instance: Instance, job: Job, event: dict[str, Any]) -> None:
         deadline_at=deadline,
         source=str(event.get("source") or "imds")[:32],
     )
-    kind = (
-        TimelineKind.NOTICE_ADVANCE
-        if level == InterruptionLevel.ADVANCE
-        else TimelineKind.NOTICE_FINAL
-    )
-    record_event(
-        job,
-        kind,
-        {
-            "instance": instance.pk,
-            "rank": instance.rank,
-            "deadline": event.get("deadline"),
-            "source": event.get("source"),
-        },
+    orchestration.on_notice(
+        job, instance, level, event.get("deadline"), str(event.get("source") or "imds")
     )
 
 
 def _checkpoint(instance: Instance, job: Job, event: dict[str, Any]) -> None:
     manifest = str(event.get("manifest") or "")
     kind = event.get("kind")
-    if not manifest or kind not in CheckpointKind.values:
-        logger.warning("instance %s sent an incomplete checkpoint report: %s", instance.pk, event)
+    try:
+        ref = ManifestRef.parse(manifest)
+    except StoreConfigError:
+        ref = None
+    if ref is None or ref.job != str(job.pk) or kind not in CheckpointKind.values:
+        logger.warning("instance %s sent a malformed checkpoint report: %s", instance.pk, event)
         return
     checkpoint, _ = Checkpoint.objects.update_or_create(
         job=job,
@@ -153,73 +124,52 @@ def _checkpoint(instance: Instance, job: Job, event: dict[str, Any]) -> None:
             "validation_reference": event.get("validation_reference"),
         },
     )
-    if kind == CheckpointKind.EMERGENCY:  # periodic ones are listed, not told (DESIGN §9)
-        record_event(
-            job,
-            TimelineKind.CHECKPOINT_COMMITTED,
-            {
-                "checkpoint": checkpoint.pk,
-                "step": checkpoint.step,
-                "manifest": manifest,
-                "bytes_new": checkpoint.bytes_new,
-                "rank": instance.rank,
-            },
-        )
+    orchestration.on_checkpoint(job, instance, checkpoint)
 
 
 def _restore(instance: Instance, job: Job, event: dict[str, Any]) -> None:
-    record_event(
-        job,
-        TimelineKind.RESTORE_DONE,
-        {
-            "instance": instance.pk,
-            "rank": instance.rank,
-            "manifest": event.get("manifest"),
-            "step": event.get("step"),
-            "val_loss": event.get("val_loss"),
-            "reference": event.get("reference"),
-        },
-    )
+    orchestration.on_restore(job, instance, event)
 
 
 def _result(instance: Instance, job: Job, event: dict[str, Any]) -> None:
-    if instance.rank == 0:
+    if instance.rank == 0 and instance.state in ACTIVE_INSTANCE_STATES:
         job.result = {k: event.get(k) for k in ("step", "val_loss", "weights_sha256")}
         job.save(update_fields=["result", "updated_at"])
 
 
+def _abnormal(instance: Instance, job: Job, why: str) -> None:
+    if not instance.awareness_abnormal:
+        instance.awareness_abnormal = True
+        orchestration.awareness_lost(job, instance, why)
+
+
 def _listener_failed(instance: Instance, job: Job, event: dict[str, Any]) -> None:
     if event.get("recovered") is False:
-        instance.awareness_abnormal = True
+        _abnormal(instance, job, f"its listener failed for good ({event.get('error')})")
+
+
+def _restore_failed(instance: Instance, job: Job, event: dict[str, Any]) -> None:
+    orchestration.restore_failed(job, instance, str(event.get("error") or "restore failed"))
 
 
 def _exit(instance: Instance, job: Job, event: dict[str, Any]) -> None:
-    """The workload ended: finished ranks release their slot; a failed rank fails the job."""
+    """The workload ended: finished ranks free their slot and the job succeeds with the last
+    of them; a failure right after a restore is a failed restore (roll back); any other
+    failure fails the job; a preempted rank migrates it."""
     reason = event.get("reason")
-    if instance.state in ACTIVE_INSTANCE_STATES:
-        instance.state = InstanceState.FAILED if reason == "failed" else InstanceState.RELEASED
-        instance.ended_at = _when(event)
-    if is_finished(job.state) or reason == "preempted":
-        return  # a preempted rank is the migration's business
-    if reason == "failed":
-        Instance.objects.filter(job=job, state__in=ACTIVE_INSTANCE_STATES).exclude(
-            pk=instance.pk
-        ).update(state=InstanceState.RELEASED, ended_at=timezone.now())
-        error = event.get("error") or f"rank {instance.rank} exited with {event.get('returncode')}"
-        set_state(job, JobState.FAILED, error=str(error)[:2000])
-        record_event(job, TimelineKind.FAILED, {"rank": instance.rank, "error": error})
+    if instance.state not in ACTIVE_INSTANCE_STATES or is_finished(job.state):
         return
-    still_running = Instance.objects.filter(job=job, state__in=ACTIVE_INSTANCE_STATES).exclude(
-        pk=instance.pk
-    )
-    if (
-        reason == "finished"
-        and job.result
-        and not still_running.exists()
-        and job.state == JobState.RUNNING
-    ):
-        set_state(job, JobState.SUCCEEDED, step=job.result.get("step") or job.step)
-        record_event(job, TimelineKind.SUCCEEDED, dict(job.result))
+    if reason == "finished":
+        orchestration.end_instance(instance, InstanceState.RELEASED, revoke=False)
+        orchestration.finish_job(job)
+    elif reason == "failed" and orchestration.in_restore(job, instance):
+        error = event.get("error") or f"exited with {event.get('returncode')} after the restore"
+        orchestration.restore_failed(job, instance, str(error))
+    elif reason == "failed" and job.state == JobState.RUNNING:
+        error = event.get("error") or f"rank {instance.rank} exited with {event.get('returncode')}"
+        orchestration.fail_job(job, str(error), failed=instance)
+    else:
+        orchestration.instance_gone(job, instance, reason="preempted")
 
 
 HANDLERS: dict[str, Callable[[Instance, Job, dict[str, Any]], None]] = {
@@ -231,17 +181,20 @@ HANDLERS: dict[str, Callable[[Instance, Job, dict[str, Any]], None]] = {
     "restore": _restore,
     "result": _result,
     "listener_failed": _listener_failed,
+    "restore_failed": _restore_failed,
     "exit": _exit,
 }
 
 
 def record_agent_events(instance_id: int, events: list[dict[str, Any]]) -> int:
     """Apply a batch of events in `seq` order, each at most once; return the highest seq seen."""
+    job_id = Instance.objects.values_list("job_id", flat=True).get(pk=instance_id)
     with transaction.atomic():
+        # Lock order everywhere: the job, then its instances (as cancel and the migration do).
+        job = Job.objects.select_for_update().get(pk=job_id)
         instance = (
             Instance.objects.select_for_update().select_related("pool__region").get(pk=instance_id)
         )
-        job = Job.objects.select_for_update().get(pk=instance.job_id)
         for event in sorted(events, key=lambda e: e["seq"]):
             if event["seq"] <= instance.last_event_seq:
                 continue
@@ -251,7 +204,10 @@ def record_agent_events(instance_id: int, events: list[dict[str, Any]]) -> int:
             else:
                 handler(instance, job, event)
             instance.last_event_seq = event["seq"]
-        instance.save()
+        # State changes were saved where they happened; a stale copy must not undo them.
+        instance.save(
+            update_fields=["last_event_seq", "last_heartbeat", "self_check", "awareness_abnormal"]
+        )
         return instance.last_event_seq
 
 

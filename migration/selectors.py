@@ -13,10 +13,17 @@ from django.utils import timezone
 from costs.estimator import DEFAULT_MIGRATION_OVERHEAD_HOURS
 from costs.policies import MarketDecision, MarketSituation, decide_market, spot_pool_allowed
 from jobs.models import Job
-from migration.choices import Market
+from migration.checkpoint import ManifestRef
+from migration.choices import CheckpointKind, CheckpointStatus, Market, MigrationPhase
 from migration.compatibility import Rule, hardware_options
 from migration.events import serialize_event
-from migration.models import CapacityPool, CompatibilityRule, Migration, TimelineEvent
+from migration.models import (
+    CapacityPool,
+    Checkpoint,
+    CompatibilityRule,
+    Migration,
+    TimelineEvent,
+)
 from migration.placement import (
     PlacementChoice,
     PlacementRequest,
@@ -27,6 +34,7 @@ from migration.placement import (
 )
 
 REPLAY_LIMIT = 5000
+CLOSED_PHASES = (MigrationPhase.DONE, MigrationPhase.FAILED)
 
 
 def can_watch_job(user: Any, job_id: int) -> bool:
@@ -60,7 +68,7 @@ def migration_overhead_hours(default: float, last: int = 50) -> float:
     before there is any: the restart overhead the estimator and the policies charge."""
     took = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
     durations = list(
-        Migration.objects.filter(finished_at__isnull=False)
+        Migration.objects.filter(phase=MigrationPhase.DONE, finished_at__isnull=False)
         .order_by("-finished_at")
         .annotate(took=took)
         .values_list("took", flat=True)[:last]
@@ -198,9 +206,42 @@ def placement_decision(job: Job) -> tuple[PlacementChoice | None, MarketDecision
     if seen.spot_fit is None and seen.on_demand_fit is None:
         reason = f"{seen.spot.reason}; {seen.on_demand.reason}"
         return None, MarketDecision(Market.SPOT, reason, wait=True, rule="no_capacity"), reason
-    decision = decide_market(market_situation(job, seen))
+    if job.on_demand_only:  # its interruption awareness failed once: on-demand for good
+        decision = MarketDecision(
+            Market.ON_DEMAND,
+            "An instance of this job could not hear interruption notices, so it stays on "
+            "on-demand capacity.",
+            rule="awareness_abnormal",
+        )
+    else:
+        decision = decide_market(market_situation(job, seen))
     chosen = seen.spot if decision.market == Market.SPOT else seen.on_demand
     if decision.wait or not isinstance(chosen, PlacementChoice):
         why = decision.reason if decision.wait else f"{decision.reason} But {chosen.reason}."
         return None, decision, why
     return chosen, decision, f"{decision.reason} {chosen.reason[0].upper()}{chosen.reason[1:]}."
+
+
+def open_migration(job: Job) -> Migration | None:
+    """The job's migration in progress, if any."""
+    return job.migrations.exclude(phase__in=CLOSED_PHASES).order_by("-id").first()
+
+
+def checkpoint_rank(checkpoint: Checkpoint) -> int:
+    return ManifestRef.parse(checkpoint.manifest_key).rank
+
+
+def complete_checkpoints(job: Job, before_step: int | None = None) -> list[Checkpoint]:
+    """Committed checkpoints every rank of the job wrote (rank 0's row of each), newest first."""
+    rows = Checkpoint.objects.filter(job=job, status=CheckpointStatus.COMMITTED)
+    if before_step is not None:
+        rows = rows.filter(step__lt=before_step)
+    by_step: dict[tuple[int, str], dict[int, Checkpoint]] = {}
+    for row in rows.order_by("-step", "-id"):
+        by_step.setdefault((row.step, row.kind), {})[checkpoint_rank(row)] = row
+    complete = [
+        ranks[0] for ranks in by_step.values() if set(range(job.nodes)) <= set(ranks) and 0 in ranks
+    ]
+    return sorted(
+        complete, key=lambda c: (c.step, c.kind == CheckpointKind.EMERGENCY), reverse=True
+    )

@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import OperationalError
 
-from migration import services
+from migration import interruptions, orchestration, services, sweeps
+
+# The database's transient errors (a lock timeout, a dropped connection) are retried.
+TRANSIENT = (ConnectionError, OperationalError)
 
 
-@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
+@shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
 def place_job_task(job_id: int) -> str:
     """Place a job (queue `placement`)."""
     return services.place_job(job_id).reason
+
+
+@shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
+def start_job_task(job_id: int) -> int:
+    """Start a placed job: its checkpoint in the target region, then its instances (queue
+    `placement`: it is the second half of a placement)."""
+    return orchestration.start_job(job_id)
+
+
+@shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
+def reclaim_instance_task(instance_id: int) -> bool:
+    """Take an interrupted instance away at its reclaim time."""
+    return interruptions.reclaim_instance(instance_id)
+
+
+@shared_task(acks_late=True)
+def sweep_instances_task() -> dict[str, int]:
+    """Find lost instances, stuck jobs and overdue reclaims; accrue costs (run by beat)."""
+    return sweeps.sweep()
 
 
 @shared_task(acks_late=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from migration.backends import localproc
 from portal.embedded_redis import resolve_redis
 from portal.env import ConfigError, env_int, env_path, env_str
 
@@ -29,6 +30,9 @@ logger = logging.getLogger("baton")
 
 ROOT = Path(__file__).resolve().parent.parent
 PR_SET_PDEATHSIG = 1
+# What a local instance gets to checkpoint and exit when `make run` stops (its agent's grace
+# period is 20 s), before its process group is killed.
+INSTANCE_STOP_GRACE_S = 25.0
 
 
 def _die_with_parent() -> None:
@@ -100,15 +104,30 @@ class Launcher:
         return False
 
     def stop(self, *_: object) -> None:
+        """Beat and the workers first (nothing new is placed or launched), then every local
+        instance (SIGTERM: its agent takes an emergency checkpoint and reports it to the web
+        server, still up), then the web server and Redis."""
         if self.stopping:
             return
         self.stopping = True
         logger.info("stopping...")
-        for child in reversed(self.children):
+        web = [c for c in self.children if c.name == "web"]
+        self._stop_children([c for c in self.children if c.name != "web"])
+        ended = localproc.end_all(self.home / "instances", grace_s=INSTANCE_STOP_GRACE_S)
+        if ended:
+            logger.info("ended %d local instance(s)", len(ended))
+        self._stop_children(web)
+        if self.redis and self.redis.poll() is None:
+            self.redis.terminate()
+            self.redis.wait(10)
+        logger.info("stopped")
+
+    def _stop_children(self, children: list[Child]) -> None:
+        for child in reversed(children):
             if child.proc and child.proc.poll() is None:
                 os.killpg(child.proc.pid, signal.SIGTERM)
         end = time.monotonic() + 15
-        for child in self.children:
+        for child in children:
             if child.proc is None:
                 continue
             try:
@@ -117,10 +136,6 @@ class Launcher:
                 logger.warning("%s did not stop in time; killing it", child.name)
                 os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()
-        if self.redis and self.redis.poll() is None:
-            self.redis.terminate()
-            self.redis.wait(10)
-        logger.info("stopped")
 
     def run(self) -> int:
         redis_url, self.redis = resolve_redis(self.home / "redis")

@@ -169,6 +169,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 # replication copy (DESIGN §1).
 CELERY_TASK_ROUTES = {
     "*.place_*": {"queue": "placement"},
+    "*.start_job_task": {"queue": "placement"},
     "*.replicate_*": {"queue": "replication"},
     "*.validate_*": {"queue": "validation"},
 }
@@ -176,6 +177,10 @@ CELERY_BEAT_SCHEDULE = {
     "retry-waiting-jobs": {
         "task": "migration.tasks.retry_waiting_jobs_task",
         "schedule": env_float("BATON_WAITING_RETRY_SECONDS", 10.0, minimum=1.0),
+    },
+    "sweep-instances": {
+        "task": "migration.tasks.sweep_instances_task",
+        "schedule": env_float("BATON_SWEEP_SECONDS", 5.0, minimum=0.5),
     },
     "refresh-spot-prices": {
         "task": "costs.tasks.refresh_spot_prices_task",
@@ -218,6 +223,27 @@ BATON_EC2_ENDPOINT = env_str("BATON_EC2_ENDPOINT")
 # Interruption rate (preemptions per hour of held spot) for a region and accelerator with no
 # history: the middle of what the shipped V100 traces show per zone (0.3 to 1.2 per hour).
 BATON_DEFAULT_INTERRUPTION_RATE = env_float("BATON_DEFAULT_INTERRUPTION_RATE", 0.9, minimum=0.0)
+
+# Seconds a local instance takes to start; unset, each pool's own provisioning delay.
+_delay = env_str("BATON_PROVISIONING_DELAY_S")
+BATON_PROVISIONING_DELAY_S: float | None = (
+    env_float("BATON_PROVISIONING_DELAY_S", 0.0, minimum=0.0) if _delay else None
+)
+
+# --- the migration orchestrator ---------------------------------------------------------------
+# What every local agent is told: how often to poll its metadata endpoint for notices and to
+# send a heartbeat. An instance silent for BATON_HEARTBEAT_TIMEOUT_SECONDS is declared lost.
+BATON_AGENT_POLL_SECONDS = env_float("BATON_AGENT_POLL_SECONDS", 0.5, minimum=0.05)
+BATON_AGENT_HEARTBEAT_SECONDS = env_float("BATON_AGENT_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
+BATON_HEARTBEAT_TIMEOUT_SECONDS = env_float("BATON_HEARTBEAT_TIMEOUT_SECONDS", 30.0, minimum=1.0)
+# A launched instance whose agent has not reported by then (after its provisioning delay) is
+# declared failed to start and its job placed again.
+BATON_START_TIMEOUT_SECONDS = env_float("BATON_START_TIMEOUT_SECONDS", 120.0, minimum=1.0)
+# Restore validation: the restored loss must match the checkpoint's reference this closely.
+BATON_VALIDATION_TOLERANCE = env_float("BATON_VALIDATION_TOLERANCE", 1e-4, minimum=0.0)
+BATON_MAX_ROLLBACKS = env_int("BATON_MAX_ROLLBACKS", 2, minimum=0)
+# Spot jobs that name no interval checkpoint every 5 minutes, as the seed advises.
+BATON_DEFAULT_CHECKPOINT_SECONDS = env_int("BATON_DEFAULT_CHECKPOINT_SECONDS", 300, minimum=1)
 
 LOGGING = {
     "version": 1,

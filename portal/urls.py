@@ -18,4 +18,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", include("portal.api_urls")),
+    # The metadata endpoint of local instances (IMDS paths; see migration/imds.py).
+    path("imds/", include("migration.imds")),
 ]

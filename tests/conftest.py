@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -162,14 +163,15 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30, every: float =
     raise AssertionError(f"condition not met within {timeout} s")
 
 
-@pytest.fixture
-def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
+@contextmanager
+def running_worker(**extra_env: str) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker process on the test database and the test Redis."""
     name = settings.DATABASES["default"]["NAME"]
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="tests.settings",
         BATON_TEST_DATABASE_NAME=str(name),
+        **extra_env,
     )
     log = open(Path(settings.BATON_HOME) / "test-worker.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -189,18 +191,27 @@ def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
             "-l",
             "INFO",
             "-n",
-            f"test-{os.getpid()}@%h",
+            f"test-{os.getpid()}-{time.monotonic_ns()}@%h",
         ],
         cwd=ROOT,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    yield proc
-    proc.terminate()
     try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker process on the test database and the test Redis."""
+    with running_worker() as proc:
+        yield proc

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from migration import agent_reports
+from migration.agent_tokens import instance_for_token
 from migration.models import Instance
 
 
@@ -40,7 +41,7 @@ class AgentTokenAuthentication(BaseAuthentication):
             return None
         if len(parts) != 2:
             raise AuthenticationFailed("expected 'Authorization: Agent <token>'")
-        instance = agent_reports.instance_for_token(parts[1].decode("latin-1"))
+        instance = instance_for_token(parts[1].decode("latin-1"))
         if instance is None:
             raise AuthenticationFailed("unknown agent token")
         return AgentPrincipal(instance), instance

@@ -50,6 +50,14 @@ class PoolSerializer(serializers.ModelSerializer):
         ]
 
 
+class InterruptSerializer(serializers.Serializer):
+    """Body of POST /api/instances/{id}/interrupt/: the two-level notice to simulate (the
+    pool's own windows when omitted)."""
+
+    advance_notice_s = serializers.FloatField(min_value=0, max_value=3600, required=False)
+    final_window_s = serializers.FloatField(min_value=0, max_value=3600, required=False)
+
+
 class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
@@ -63,6 +71,9 @@ class InstanceSerializer(serializers.ModelSerializer):
             "last_heartbeat",
             "started_at",
             "ended_at",
+            "advance_notice_at",
+            "final_notice_at",
+            "reclaim_at",
         ]
 
 

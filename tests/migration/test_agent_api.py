@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from jobs.models import Job
 from migration import services
-from migration.agent_reports import issue_agent_token
+from migration.agent_tokens import issue_agent_token
 from migration.models import Checkpoint, Instance, InterruptionEvent, TimelineEvent
 from tests.conftest import submit
 
@@ -96,31 +96,56 @@ def test_a_batch_sent_twice_is_applied_once(placed: dict[str, Any]) -> None:
     assert kinds(placed["job"]).count("notice_final") == 1
 
 
-def test_only_emergency_checkpoints_appear_on_the_timeline(placed: dict[str, Any]) -> None:
-    agent = placed["agents"][0]
-    common = {
-        "type": "checkpoint",
-        "bytes_new": 10,
-        "bytes_total": 100,
-        "rank": 0,
-        "world_size": 2,
-        "validation_reference": 0.5,
-    }
+def test_only_the_gangs_emergency_checkpoint_appears_on_the_timeline(
+    placed: dict[str, Any],
+) -> None:
+    job = placed["job"]
+    first, second = placed["agents"]
+
+    def checkpoint(seq: int, step: int, kind: str, rank: int) -> dict[str, Any]:
+        return {
+            "seq": seq,
+            "type": "checkpoint",
+            "manifest": f"jobs/{job.pk}/manifests/{step:012d}-{kind}-r{rank}.json",
+            "step": step,
+            "kind": kind,
+            "bytes_new": 10,
+            "bytes_total": 100,
+            "rank": rank,
+            "world_size": 2,
+            "validation_reference": 0.5,
+        }
 
     send(
-        agent,
-        {"seq": 1, "manifest": "jobs/1/manifests/20", "step": 20, "kind": "periodic", **common},
-        {"seq": 2, "manifest": "jobs/1/manifests/25", "step": 25, "kind": "emergency", **common},
+        first,
+        {"seq": 1, "type": "self_check", "ok": True},
+        checkpoint(2, 20, "periodic", 0),
+        {"seq": 3, "type": "notice", "level": "final", "source": "imds"},
+        checkpoint(4, 25, "emergency", 0),
     )
+    assert "checkpoint_committed" not in kinds(job)  # rank 1 has not saved step 25 yet
+    send(second, checkpoint(1, 25, "emergency", 1))
 
     assert list(Checkpoint.objects.values_list("step", "kind", "status")) == [
         (20, "periodic", "committed"),
         (25, "emergency", "committed"),
+        (25, "emergency", "committed"),
     ]
     committed = TimelineEvent.objects.get(kind="checkpoint_committed")
     assert committed.data["step"] == 25
-    region = Checkpoint.objects.get(step=25).region
-    assert region is not None and region.code == "us-east-1"
+    region = Checkpoint.objects.filter(step=25).first()
+    assert region is not None and region.region is not None
+    assert region.region.code == "us-east-1"
+
+
+def test_a_checkpoint_report_with_a_malformed_manifest_key_is_ignored(
+    placed: dict[str, Any],
+) -> None:
+    bad = {"seq": 1, "type": "checkpoint", "manifest": "../../etc/passwd", "step": 3}
+    answer = send(placed["agents"][0], {**bad, "kind": "periodic"})
+
+    assert answer.status_code == 200
+    assert not Checkpoint.objects.exists()
 
 
 def test_progress_of_rank_zero_moves_the_job(placed: dict[str, Any]) -> None:

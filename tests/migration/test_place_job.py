@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs import services as job_services
 from jobs.models import Job
-from migration import services
+from migration import services, sweeps
 from migration.models import CapacityPool, Instance, TimelineEvent
 from tests.conftest import submit
 
@@ -192,9 +192,11 @@ def test_recovery_after_a_crash_ends_orphans_and_requeues_their_jobs(
     services.place_job(job.pk)
 
     with django_capture_on_commit_callbacks(execute=False):
-        requeued = services.recover_orphaned_instances()
+        requeued = sweeps.recover_local_instances()
 
     job.refresh_from_db()
     assert requeued == [job.pk]
     assert job.state == "migrating"
     assert not Instance.objects.filter(job=job, state="provisioning").exists()
+    released = job.events.get(kind="released")
+    assert released.migration is not None and released.migration.phase == "placing"

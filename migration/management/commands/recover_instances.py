@@ -6,13 +6,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from migration.services import recover_orphaned_instances
+from migration.sweeps import recover_local_instances
 
 
 class Command(BaseCommand):
     help = "End local instances left from a previous run and send their jobs back to placement."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        jobs = recover_orphaned_instances()
+        jobs = recover_local_instances()
         if jobs:
-            self.stdout.write(f"re-queued {len(jobs)} job(s) whose instances died: {jobs}")
+            self.stdout.write(
+                f"moving {len(jobs)} job(s) whose instances were left running: {jobs}"
+            )

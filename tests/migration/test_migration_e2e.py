@@ -1,0 +1,216 @@
+"""End to end, with every real part: the portal over HTTP (agents and the metadata endpoint),
+a Celery worker through real Redis, the local backend starting real agent processes, and the
+built-in workloads training under them. A job is interrupted by a real two-level notice,
+checkpoints inside the window, moves, restores, is validated and finishes bit-exactly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobs.models import Job
+from migration import sweeps
+from migration.models import CapacityPool, Instance, Migration, TimelineEvent
+from tests.conftest import ROOT, job_body, running_worker, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+MIGRATION_KINDS = [
+    "notice_advance",
+    "notice_final",
+    "checkpoint_started",
+    "checkpoint_committed",
+    "released",
+    "placement_decided",
+    "replica_ready",
+    "instance_started",
+    "restore_done",
+    "validation_passed",
+    "running",
+]
+FINAL = re.compile(r"final step=(\d+) val_loss=(\S+) weights_sha256=([0-9a-f]{64})")
+
+
+@pytest.fixture
+def stack(live_server: Any, catalogue: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
+    """The worker the local backend launches agents from, pointed at the live portal."""
+    with running_worker(
+        BATON_PUBLIC_URL=live_server.url,
+        BATON_PROVISIONING_DELAY_S="0",
+        BATON_AGENT_HEARTBEAT_SECONDS="0.5",
+        BATON_HEARTBEAT_TIMEOUT_SECONDS="5",
+    ) as worker:
+        yield worker
+    # Whatever a failed test left running is ended with its instances.
+    for instance in Instance.objects.filter(launched_at__isnull=False).select_related("pool"):
+        from migration.backends import get_backend
+
+        get_backend(instance.pool.backend).release(instance)
+
+
+@pytest.fixture
+def staff_client(make_user: Any, client_for: Any) -> Any:
+    return client_for(make_user("operator", staff=True))
+
+
+def twin_result(params: dict[str, Any], steps: int) -> str:
+    """weights_sha256 of the same workload run once, uninterrupted, outside Baton (in a fresh
+    folder: on its own the SDK resumes from whatever checkpoint it finds there)."""
+    argv = [sys.executable, "-m", "jobs.workloads.mlp_numpy", "--steps", str(steps)]
+    for name, value in params.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    with tempfile.TemporaryDirectory() as folder:
+        env["BATON_CHECKPOINT_DIR"] = folder
+        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    found = FINAL.search(out.stdout)
+    assert found, out.stdout + out.stderr
+    return found.group(3)
+
+
+def submit(client: Any, **overrides: Any) -> dict[str, Any]:
+    response = client.post("/api/jobs/", job_body(**overrides), format="json")
+    assert response.status_code == 201, response.content
+    return dict(response.json())
+
+
+def running_instance(job_id: int, min_step: int = 1) -> Instance:
+    def ready() -> Instance | None:
+        job = Job.objects.get(pk=job_id)
+        if job.state != "running" or job.step < min_step:
+            return None
+        return Instance.objects.filter(job_id=job_id, state="running").first()
+
+    found: Instance = wait_until(ready, timeout=60)
+    return found
+
+
+def finished(job_id: int, timeout: float = 120) -> Job:
+    def done() -> Job | None:
+        sweeps.sweep()
+        job = Job.objects.get(pk=job_id)
+        return job if job.state in ("succeeded", "failed", "cancelled") else None
+
+    job: Job = wait_until(done, timeout=timeout, every=0.5)
+    return job
+
+
+def kinds(job_id: int) -> list[str]:
+    return list(TimelineEvent.objects.filter(job_id=job_id).values_list("kind", flat=True))
+
+
+def test_an_interrupted_job_migrates_and_finishes_bit_exact(
+    stack: Any, alice: Any, staff_client: Any, client_for: Any
+) -> None:
+    params = {"seed": 7, "step_ms": 15, "state_mb": 4}
+    job = submit(
+        client_for(alice),
+        workload={"template": "mlp_numpy", "params": params},
+        total_steps=400,
+        checkpoint_every_steps=50,
+    )
+    instance = running_instance(job["id"], min_step=60)
+
+    answer = staff_client.post(
+        f"/api/instances/{instance.pk}/interrupt/",
+        {"advance_notice_s": 1, "final_window_s": 20},
+        format="json",
+    )
+    assert answer.status_code == 202, answer.content
+
+    done = finished(job["id"])
+    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    assert done.result is not None
+    assert done.result["weights_sha256"] == twin_result(params, 400)
+    migration = Migration.objects.get(job_id=job["id"])
+    assert migration.phase == "done"
+    assert migration.lost_steps == 0
+    events = list(TimelineEvent.objects.filter(migration=migration).order_by("id"))
+    assert [e.kind for e in events] == MIGRATION_KINDS
+    committed = next(e for e in events if e.kind == "checkpoint_committed")
+    restored = next(e for e in events if e.kind == "restore_done")
+    assert restored.data["step"] == committed.data["step"]
+    assert set(migration.timings) >= {*MIGRATION_KINDS[1:], "total"}
+    assert done.interruptions == 1
+    assert done.cost_so_far > 0
+
+
+def test_an_emergency_save_that_misses_the_window_resumes_from_the_last_periodic_one(
+    stack: Any, alice: Any, staff_client: Any, client_for: Any
+) -> None:
+    # Steps of 1.5 s: the SIGTERM lands mid-step, and the 1 s window ends before the step does.
+    params = {"seed": 3, "step_ms": 1500}
+    job = submit(
+        client_for(alice),
+        workload={"template": "mlp_numpy", "params": params},
+        total_steps=14,
+        checkpoint_every_steps=3,
+    )
+    instance = running_instance(job["id"], min_step=4)
+
+    staff_client.post(
+        f"/api/instances/{instance.pk}/interrupt/",
+        {"advance_notice_s": 0, "final_window_s": 1},
+        format="json",
+    )
+
+    done = finished(job["id"], timeout=180)
+    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    migration = Migration.objects.get(job_id=job["id"])
+    assert "checkpoint_missed" in kinds(job["id"])
+    assert "notice_advance" not in kinds(job["id"])
+    assert migration.lost_steps <= 3
+    assert done.result is not None
+    assert done.result["weights_sha256"] == twin_result(params, 14)
+
+
+def test_a_killed_agent_is_declared_lost_and_its_job_migrates(
+    stack: Any, alice: Any, client_for: Any
+) -> None:
+    params = {"seed": 5, "step_ms": 20}
+    job = submit(
+        client_for(alice),
+        workload={"template": "mlp_numpy", "params": params},
+        total_steps=500,
+        checkpoint_every_steps=40,
+    )
+    instance = running_instance(job["id"], min_step=80)
+
+    os.killpg(int(instance.backend_id), signal.SIGKILL)
+
+    done = finished(job["id"])
+    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    assert Instance.objects.get(pk=instance.pk).state == "failed"
+    assert "checkpoint_missed" in kinds(job["id"])
+    assert done.result is not None
+    assert done.result["weights_sha256"] == twin_result(params, 500)
+
+
+def test_a_job_waits_without_capacity_and_is_placed_when_it_frees(
+    stack: Any, alice: Any, client_for: Any, catalogue: dict[str, Any]
+) -> None:
+    # One V100 spot slot and one on-demand slot: the third job has nowhere to go.
+    client = client_for(alice)
+    body = {
+        "workload": {"template": "mlp_numpy", "params": {"seed": 1, "step_ms": 5}},
+        "accelerator": "V100-16GB",
+        "tolerance": "balanced",
+    }
+    first = submit(client, total_steps=300, **body)
+    second = submit(client, total_steps=300, **body)
+    third = submit(client, total_steps=50, **body)
+    wait_until(lambda: Job.objects.get(pk=third["id"]).state == "waiting", timeout=60)
+
+    for job in (first, second, third):
+        assert finished(job["id"]).state == "succeeded", kinds(job["id"])
+    assert "waiting" in kinds(third["id"])
+    pools = {p.pk for p in CapacityPool.objects.filter(accelerator__name="V100-16GB")}
+    assert Job.objects.get(pk=third["id"]).pool_id in pools
