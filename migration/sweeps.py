@@ -29,7 +29,7 @@ from portal.enqueue import enqueue_on_commit
 logger = logging.getLogger(__name__)
 
 # A job left in one of these states this long without a change lost its task: queue it again.
-STUCK_AFTER = timedelta(seconds=60)
+STUCK_AFTER = timedelta(seconds=15)
 RECLAIM_SLACK = timedelta(seconds=2)
 
 

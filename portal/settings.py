@@ -6,6 +6,7 @@ stores, the local capacity backend, and Redis at REDIS_URL (the launcher fills i
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from pathlib import Path
 
@@ -149,11 +150,20 @@ if env_bool("BATON_HTTPS", False):  # behind a TLS-terminating proxy
 
 # --- Redis: Celery broker, Channels layer -----------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Every install keeps to its own keys in a shared Redis (DESIGN §1): two installs on one
+# machine must never take each other's tasks or see each other's websocket events.
+BATON_REDIS_PREFIX = env_str(
+    "BATON_REDIS_PREFIX",
+    "baton-" + hashlib.sha256(str(BATON_HOME.resolve()).encode()).hexdigest()[:10],
+)
 
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("BATON_CHANNEL_PREFIX", "baton")},
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": env_str("BATON_CHANNEL_PREFIX", BATON_REDIS_PREFIX),
+        },
     }
 }
 
@@ -163,7 +173,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 3600,
+    "global_keyprefix": f"{BATON_REDIS_PREFIX}:",
+}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Placement has its own worker in `make run`, so a migration is never stuck behind a
 # replication copy (DESIGN §1).

@@ -15,18 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="session", autouse=True)
-def clean_test_redis() -> None:
-    """Start from an empty test Redis database: no task or group left by an earlier run."""
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ if not os.environ.get("BATON_TEST_REDIS_URL"):
     # A database of its own, so tests never see the queues of a running `make run`.
     os.environ["BATON_TEST_REDIS_URL"] = _url.rsplit("/", 1)[0] + "/15"
 os.environ["REDIS_URL"] = os.environ["BATON_TEST_REDIS_URL"]
-os.environ.setdefault("BATON_CHANNEL_PREFIX", "baton-test")
+# Redis keys (Celery queues, the Channels layer) carry a prefix made from BATON_HOME, which is
+# new for every run: nothing left by an earlier run, or by another install, is ever seen.
 
 from portal.settings import *  # noqa: F403
 from portal.settings import BATON_HOME, DATABASES

@@ -20,20 +20,19 @@ from migration.agent.metadata import ADVANCE_PATH, FINAL_PATH, MetadataClient, M
 logger = logging.getLogger(__name__)
 
 # The probe answers "ready", then the name of each signal it receives; it stops after the last.
+# It takes the signals with sigwait, not in a handler: a handler that prints can be interrupted
+# by the next signal inside print, which raises "reentrant call" and kills the probe (seen on a
+# loaded machine as a failed self-check).
 _PROBE = """
 import signal, sys
 names = sys.argv[1:]
-def got(number, frame):
-    name = signal.Signals(number).name
+wanted = {signal.Signals[name] for name in names}
+signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+print("ready", flush=True)
+while names:
+    name = signal.Signals(signal.sigwait(wanted)).name
     print(name, flush=True)
     names.remove(name)
-    if not names:
-        sys.exit(0)
-for name in set(names):
-    signal.signal(signal.Signals[name], got)
-print("ready", flush=True)
-while True:
-    signal.pause()
 """
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 

@@ -214,3 +214,137 @@ def test_a_job_waits_without_capacity_and_is_placed_when_it_frees(
     assert "waiting" in kinds(third["id"])
     pools = {p.pk for p in CapacityPool.objects.filter(accelerator__name="V100-16GB")}
     assert Job.objects.get(pk=third["id"]).pool_id in pools
+
+
+def test_a_two_rank_torch_gang_migrates_together_and_finishes(
+    stack: Any, alice: Any, staff_client: Any, client_for: Any
+) -> None:
+    pytest.importorskip("torch")
+    job = submit(
+        client_for(alice),
+        workload={"template": "mlp_torch", "params": {"seed": 2, "step_ms": 20}},
+        nodes=2,
+        total_steps=400,
+        checkpoint_every_steps=50,
+    )
+    instance = running_instance(job["id"], min_step=60)
+
+    staff_client.post(
+        f"/api/instances/{instance.pk}/interrupt/",
+        {"advance_notice_s": 0, "final_window_s": 30},
+        format="json",
+    )
+
+    done = finished(job["id"], timeout=180)
+    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    migration = Migration.objects.get(job_id=job["id"])
+    assert migration.lost_steps == 0 and migration.phase == "done"
+    committed = TimelineEvent.objects.get(migration=migration, kind="checkpoint_committed")
+    restored = TimelineEvent.objects.get(migration=migration, kind="restore_done")
+    assert committed.data["ranks"] == 2
+    assert [r["step"] for r in restored.data["ranks"]] == [committed.data["step"]] * 2
+    new = Instance.objects.filter(migration=migration)
+    assert new.count() == 2 and len({i.pool_id for i in new}) == 1  # one pool for the gang
+    assert done.result is not None and done.result["step"] == 400
+
+
+def test_a_worker_killed_mid_migration_starts_exactly_one_new_instance(
+    live_server: Any,
+    catalogue: dict[str, Any],
+    alice: Any,
+    staff_client: Any,
+    client_for: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {
+        "BATON_PUBLIC_URL": live_server.url,
+        "BATON_PROVISIONING_DELAY_S": "0",
+        "BATON_AGENT_HEARTBEAT_SECONDS": "0.5",
+    }
+    params = {"seed": 9, "step_ms": 15}
+    with running_worker(**env) as worker:
+        job = submit(
+            client_for(alice),
+            workload={"template": "mlp_numpy", "params": params},
+            total_steps=500,
+            checkpoint_every_steps=50,
+        )
+        instance = running_instance(job["id"], min_step=50)
+        staff_client.post(
+            f"/api/instances/{instance.pk}/interrupt/",
+            {"advance_notice_s": 0, "final_window_s": 20},
+            format="json",
+        )
+        wait_until(lambda: "released" in kinds(job["id"]), timeout=60, every=0.05)
+        worker.kill()  # mid-migration: its tasks are neither finished nor acknowledged
+    monkeypatch.setattr(sweeps, "STUCK_AFTER", sweeps.timedelta(0))
+    from migration.tasks import place_job_task, start_job_task
+
+    with running_worker(**env):
+        for _ in range(2):  # the lost tasks come back, twice over
+            place_job_task.delay(job["id"])
+            start_job_task.delay(job["id"])
+        done = finished(job["id"])
+    for leftover in Instance.objects.filter(launched_at__isnull=False).select_related("pool"):
+        from migration.backends import get_backend
+
+        get_backend(leftover.pool.backend).release(leftover)
+    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    migration = Migration.objects.get(job_id=job["id"])
+    assert Instance.objects.filter(migration=migration).count() == 1
+    assert Instance.objects.filter(job_id=job["id"]).count() == 2
+    assert done.result is not None
+    assert done.result["weights_sha256"] == twin_result(params, 500)
+
+
+@pytest.mark.asyncio
+async def test_the_browser_sees_every_phase_live_and_a_reconnect_fills_the_gap(
+    stack: Any, alice: Any, staff_client: Any, client_for: Any
+) -> None:
+    from asgiref.sync import sync_to_async
+
+    from tests.migration.test_consumers import connect
+
+    client = await sync_to_async(client_for)(alice)
+    job = await sync_to_async(submit)(
+        client,
+        workload={"template": "mlp_numpy", "params": {"seed": 4, "step_ms": 15}},
+        total_steps=600,
+        checkpoint_every_steps=50,
+    )
+    instance = await sync_to_async(running_instance)(job["id"], 40)
+    connected, ws = await connect(f"/ws/jobs/{job['id']}/", alice)
+    assert connected
+    await ws.send_json_to({"type": "resume", "since": 0})
+    await sync_to_async(staff_client.post)(
+        f"/api/instances/{instance.pk}/interrupt/",
+        {"advance_notice_s": 1, "final_window_s": 20},
+        format="json",
+    )
+
+    async def receive_until(socket: Any, kind: str, seen: list[dict[str, Any]]) -> None:
+        while not seen or seen[-1]["kind"] != kind:
+            message = await socket.receive_json_from(timeout=60)
+            if message["type"] == "timeline.event":
+                seen.append(message["event"])
+
+    seen: list[dict[str, Any]] = []
+    await receive_until(ws, "checkpoint_committed", seen)
+    await ws.disconnect()  # the page goes away mid-migration...
+    connected, ws = await connect(f"/ws/jobs/{job['id']}/", alice)
+    await ws.send_json_to({"type": "resume", "since": seen[-1]["id"]})  # ...and comes back
+    await receive_until(ws, "running", seen)
+    await ws.disconnect()
+
+    ids = [event["id"] for event in seen]
+    assert ids == sorted(set(ids))  # nothing twice, in order
+    stored = await sync_to_async(
+        lambda: list(
+            TimelineEvent.objects.filter(job_id=job["id"], id__lte=ids[-1])
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+    )()
+    assert ids == stored  # nothing missed
+    migration_kinds = [e["kind"] for e in seen if e["migration"] is not None]
+    assert migration_kinds == MIGRATION_KINDS
