@@ -1,0 +1,122 @@
+"""The metadata endpoint of local instances speaks IMDSv2 and serves the notices on time; the
+agent's own client reads them over HTTP."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from migration import services
+from migration.agent.metadata import MetadataClient
+from migration.imds import metadata_key, metadata_url
+from migration.models import Instance
+from tests.conftest import submit
+
+TOKEN_TTL = {"HTTP_X_AWS_EC2_METADATA_TOKEN_TTL_SECONDS": "600"}
+
+
+@pytest.fixture
+def instance(catalogue: Any, alice: Any) -> Instance:
+    job = submit(alice, catalogue)
+    services.place_job(job.pk)
+    return Instance.objects.get(job=job)
+
+
+def base(instance: Instance) -> str:
+    return f"/imds/{instance.pk}/{metadata_key(instance.pk)}/latest"
+
+
+def token(client: Client, instance: Instance) -> str:
+    answer = client.put(f"{base(instance)}/api/token", **TOKEN_TTL)  # type: ignore[arg-type]
+    assert answer.status_code == 200
+    return answer.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_get_without_a_token_is_refused(instance: Instance) -> None:
+    answer = Client().get(f"{base(instance)}/meta-data/spot/instance-action")
+
+    assert answer.status_code == 401
+
+
+@pytest.mark.django_db
+def test_a_wrong_key_or_another_instances_token_finds_nothing(
+    instance: Instance, catalogue: Any, alice: Any
+) -> None:
+    client = Client()
+    wrong = client.put(f"/imds/{instance.pk}/{'0' * 32}/latest/api/token", **TOKEN_TTL)  # type: ignore[arg-type]
+    other = submit(alice, catalogue)
+    services.place_job(other.pk)
+    stranger = Instance.objects.get(job=other)
+    stolen = token(client, stranger)
+
+    answer = client.get(
+        f"{base(instance)}/meta-data/spot/instance-action",
+        HTTP_X_AWS_EC2_METADATA_TOKEN=stolen,
+    )
+
+    assert wrong.status_code == 404
+    assert answer.status_code == 401
+
+
+@pytest.mark.django_db
+def test_a_token_needs_a_valid_lifetime(instance: Instance) -> None:
+    client = Client()
+    for ttl in ("", "0", "21601", "soon"):
+        answer = client.put(
+            f"{base(instance)}/api/token",
+            HTTP_X_AWS_EC2_METADATA_TOKEN_TTL_SECONDS=ttl,
+        )
+        assert answer.status_code == 400, ttl
+
+
+@pytest.mark.django_db
+def test_notices_appear_at_their_times(instance: Instance) -> None:
+    client = Client()
+    headers = {"HTTP_X_AWS_EC2_METADATA_TOKEN": token(client, instance)}
+    advance = f"{base(instance)}/meta-data/events/recommendations/rebalance"
+    final = f"{base(instance)}/meta-data/spot/instance-action"
+    assert client.get(advance, **headers).status_code == 404  # type: ignore[arg-type]
+    assert client.get(final, **headers).status_code == 404  # type: ignore[arg-type]
+
+    now = timezone.now()
+    instance.advance_notice_at = now - timedelta(seconds=1)
+    instance.final_notice_at = now + timedelta(seconds=60)
+    instance.reclaim_at = now + timedelta(seconds=180)
+    instance.save()
+    assert client.get(advance, **headers).json()["noticeTime"].endswith("Z")  # type: ignore[arg-type]
+    assert client.get(final, **headers).status_code == 404  # type: ignore[arg-type]
+
+    Instance.objects.filter(pk=instance.pk).update(final_notice_at=now - timedelta(seconds=1))
+    document = client.get(final, **headers).json()  # type: ignore[arg-type]
+    assert document["action"] == "terminate"
+    assert document["time"] == instance.reclaim_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agents_own_client_reads_both_notices_over_http(
+    live_server: Any, catalogue: Any, alice: Any, settings: Any
+) -> None:
+    settings.BATON_PUBLIC_URL = live_server.url
+    job = submit(alice, catalogue)
+    services.place_job(job.pk)
+    instance = Instance.objects.get(job=job)
+    client = MetadataClient(metadata_url(instance.pk))
+    assert client.advance_notice() is None
+    assert client.final_notice(120) is None
+    assert client.version == 2
+
+    now = timezone.now()
+    Instance.objects.filter(pk=instance.pk).update(
+        advance_notice_at=now, final_notice_at=now, reclaim_at=now + timedelta(seconds=30)
+    )
+
+    advance = client.advance_notice()
+    final = client.final_notice(120)
+    assert advance is not None and final is not None
+    assert final.deadline is not None
+    assert abs((final.deadline - (now + timedelta(seconds=30))).total_seconds()) < 1
