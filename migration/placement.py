@@ -6,12 +6,15 @@ the pools it loaded; this module only filters and ranks, and says why in words.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from migration.compatibility import HardwareOption
 
 # A ready checkpoint replica in the pool's region saves a cross-region copy on restore.
 LOCALITY_BONUS = 0.05
+# Substitutes rank after the exact card (decision 031); among substitutes, a 1:1 card before
+# N cards in model parallel, which adds communication the job was not written for.
+SUBSTITUTE_RANK = {None: 0, "larger_memory": 1, "cross_generation": 1, "model_parallel": 2}
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class PlacementRequest:
     max_price_per_hour: float | None = None
     replica_regions: frozenset[str] = field(default_factory=frozenset)
     requested: str = ""
+    # What is left to do, for the expected cost of finishing (1 hour ranks by price alone).
+    remaining_hours: float = 1.0
+    restart_overhead_hours: float = 0.0
+    checkpoint_interval_hours: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,13 +76,26 @@ def _fits(pool: PoolView, option: HardwareOption) -> bool:
     )
 
 
-def _score(pool: PoolView, option: HardwareOption, request: PlacementRequest) -> tuple[bool, float]:
+def expected_cost_to_finish(pool: PoolView, request: PlacementRequest) -> float:
+    """What finishing the remaining work on `pool` costs in expectation: the gang's price over
+    the remaining hours, stretched on spot by the work each interruption costs (a restart plus
+    on average half a checkpoint interval redone, at the pool's interruption rate for the whole
+    gang), the first-order form of the estimator's model (decision 020)."""
+    hours = request.remaining_hours
+    if pool.market != "on_demand":
+        rate = pool.interruption_rate_per_hour * request.nodes
+        per_interruption = request.restart_overhead_hours + request.checkpoint_interval_hours / 2
+        hours *= 1 + rate * per_interruption
+    return pool.price_per_hour * request.nodes * hours
+
+
+def _score(pool: PoolView, option: HardwareOption, request: PlacementRequest) -> tuple[int, float]:
     """Exact hardware first (a substitute carries operator and memory-mapping risk), then the
-    price per hour of the gang, a little lower where a checkpoint replica is ready."""
-    cost = pool.price_per_hour * request.nodes
+    expected cost of finishing, a little lower where a checkpoint replica is ready."""
+    cost = expected_cost_to_finish(pool, request)
     if pool.region in request.replica_regions:
         cost *= 1 - LOCALITY_BONUS
-    return option.substitute, cost
+    return SUBSTITUTE_RANK.get(option.rule_kind, 1), cost
 
 
 def cheapest_fit(request: PlacementRequest, pools: list[PoolView]) -> PoolView | None:
@@ -141,3 +161,32 @@ def choose_pool(request: PlacementRequest, pools: list[PoolView]) -> PlacementCh
     if pool.region in request.replica_regions:
         reason += "; a checkpoint replica is ready in this region"
     return PlacementChoice(pool, option, reason)
+
+
+def place_many(
+    requests: list[PlacementRequest], pools: list[PoolView]
+) -> list[PlacementChoice | Rejection]:
+    """Place `requests` in the order given (callers put migrations first), each taking its
+    gang's slots from the pools' free capacity before the next is placed, so no pool is ever
+    over-filled. Pools are indexed by hardware and market once, so each request looks only at
+    the pools that could fit it."""
+    free = {pool.id: pool.free for pool in pools}
+    by_hardware: dict[tuple[str, int, str], list[PoolView]] = {}
+    for pool in pools:
+        by_hardware.setdefault((pool.accelerator, pool.gpus_per_instance, pool.market), []).append(
+            pool
+        )
+    results: list[PlacementChoice | Rejection] = []
+    for request in requests:
+        candidates = {
+            pool.id: replace(pool, free=free[pool.id])
+            for option in request.options
+            for pool in by_hardware.get(
+                (option.accelerator, option.gpus_per_instance, request.market), ()
+            )
+        }
+        result = choose_pool(request, list(candidates.values()))
+        if isinstance(result, PlacementChoice):
+            free[result.pool.id] -= request.nodes
+        results.append(result)
+    return results

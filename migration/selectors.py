@@ -34,6 +34,8 @@ from migration.placement import (
 )
 
 REPLAY_LIMIT = 5000
+# The interval assumed for a job that checkpoints by steps only (the seed's 5 minutes).
+DEFAULT_CHECKPOINT_INTERVAL_S = 300
 CLOSED_PHASES = (MigrationPhase.DONE, MigrationPhase.FAILED)
 
 
@@ -113,19 +115,41 @@ def _request(job: Job, market: str) -> PlacementRequest:
         job.accelerator.name, job.gpus_per_node, compatibility_rules(), job.allow_model_parallel
     )
     cap = float(job.max_price_per_hour) if job.max_price_per_hour is not None else None
+    interval_s = job.checkpoint_every_seconds or DEFAULT_CHECKPOINT_INTERVAL_S
     return PlacementRequest(
         options=tuple(options),
         nodes=job.nodes,
         market=market,
         max_price_per_hour=cap,
         requested=job.accelerator.name,
+        remaining_hours=max(remaining_work_hours(job), 1e-6),
+        restart_overhead_hours=migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS),
+        checkpoint_interval_hours=interval_s / 3600,
+        replica_regions=replica_regions(job),
     )
+
+
+def replica_regions(job: Job) -> frozenset[str]:
+    """Regions holding a ready copy of the job's newest checkpoint (placement's locality)."""
+    if job.pk is None:
+        return frozenset()
+    newest = complete_checkpoints(job)
+    if not newest:
+        return frozenset()
+    checkpoint = newest[0]
+    regions = set(checkpoint.replicas.filter(status="ready").values_list("region__code", flat=True))
+    if checkpoint.region is not None:
+        regions.add(checkpoint.region.code)
+    return frozenset(regions)
 
 
 @dataclass(frozen=True)
 class Prospects:
     """What placement sees for a job now: the pool it would take in each market (or why none
-    has room), and the pool each market would cost even while full (for prices and rates)."""
+    has room), and the pool each market would cost even while full (for prices and rates).
+
+    The policy judges the pool placement would actually take: its price and interruption rate;
+    only when a market has no room are the figures those of its best full pool."""
 
     spot: PlacementChoice | Rejection
     on_demand: PlacementChoice | Rejection
@@ -133,15 +157,22 @@ class Prospects:
     on_demand_fit: PoolView | None
     nodes: int
 
+    def _judged(self, market: str) -> PoolView | None:
+        chosen = self.spot if market == Market.SPOT else self.on_demand
+        if isinstance(chosen, PlacementChoice):
+            return chosen.pool
+        return self.spot_fit if market == Market.SPOT else self.on_demand_fit
+
     def price(self, market: str) -> float:
         """Price per hour of the whole gang in `market` (infinite when nothing fits)."""
-        fit = self.spot_fit if market == Market.SPOT else self.on_demand_fit
+        fit = self._judged(market)
         return fit.price_per_hour * self.nodes if fit else math.inf
 
     @property
     def interruption_rate(self) -> float:
         """Interruptions per hour of the gang: any rank's interruption moves them all."""
-        return self.spot_fit.interruption_rate_per_hour * self.nodes if self.spot_fit else 0.0
+        fit = self._judged(Market.SPOT)
+        return fit.interruption_rate_per_hour * self.nodes if fit else 0.0
 
 
 def prospects(job: Job) -> Prospects:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from migration import interruptions, orchestration, services, sweeps
+from migration import interruptions, market_tick, orchestration, services, sweeps
 
 # The database's transient errors (a lock timeout, a dropped connection) are retried.
 TRANSIENT = (ConnectionError, OperationalError)
@@ -43,3 +43,9 @@ def retry_waiting_jobs_task() -> int:
     for job_id in ids:
         place_job_task.delay(job_id)
     return len(ids)
+
+
+@shared_task
+def simulate_market_task() -> int:
+    """One tick of the market simulator (beat; does nothing while it is off)."""
+    return len(market_tick.run_market_tick())

@@ -195,6 +195,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "migration.tasks.sweep_instances_task",
         "schedule": env_float("BATON_SWEEP_SECONDS", 5.0, minimum=0.5),
     },
+    "simulate-market": {
+        "task": "migration.tasks.simulate_market_task",
+        "schedule": env_float("BATON_MARKET_TICK_SECONDS", 1.0, minimum=0.1),
+    },
     "refresh-spot-prices": {
         "task": "costs.tasks.refresh_spot_prices_task",
         "schedule": env_float("BATON_PRICE_REFRESH_SECONDS", 3600.0, minimum=60.0),
@@ -242,6 +246,16 @@ _delay = env_str("BATON_PROVISIONING_DELAY_S")
 BATON_PROVISIONING_DELAY_S: float | None = (
     env_float("BATON_PROVISIONING_DELAY_S", 0.0, minimum=0.0) if _delay else None
 )
+
+# The market simulator (beat): 0 = off; N = N simulated seconds per wall second (3600: an
+# hour a second). Pools preempt at their interruption rate, or replay the traces of
+# BATON_MARKET_TRACES (a folder in the shared trace format) matched by region and card.
+BATON_MARKET_TIME_SCALE = env_float("BATON_MARKET_TIME_SCALE", 0.0, minimum=0.0)
+BATON_MARKET_TRACES = (
+    env_path("BATON_MARKET_TRACES", BASE_DIR) if env_str("BATON_MARKET_TRACES") else None
+)
+_market_seed = env_str("BATON_MARKET_SEED")
+BATON_MARKET_SEED: int | None = env_int("BATON_MARKET_SEED", 0) if _market_seed else None
 
 # --- the migration orchestrator ---------------------------------------------------------------
 # What every local agent is told: how often to poll its metadata endpoint for notices and to

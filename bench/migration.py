@@ -1,0 +1,355 @@
+"""Migration benchmark: how long a job takes to run again after an interruption, phase by
+phase, and how fast placement decides for a queue of jobs.
+
+    .venv/bin/python bench/migration.py [--sections recovery,placement] [--repeats 5]
+        [--state-mb 100] [--provisioning-delay 0] [--accelerator T4]
+
+- recovery: the whole system (`make run`'s launcher in a throw-away BATON_HOME, SQLite, the
+  local backend) runs an `mlp_numpy` job with a `--state-mb` state; it is interrupted
+  `--repeats` times (no advance notice, a 30 s final window) and each recovery is split by the
+  phases of its timeline: notice seen (from the interrupt call to the agent's report), the
+  emergency checkpoint committed, released, placed, replica ready, started (includes the
+  provisioning delay, 0 here unless `--provisioning-delay`), restored, validated, running.
+  Baseline: the same job's cold start (submit -> running), measured in the same run.
+- placement: 1,000 pending jobs over 500 pools (random cards, GPUs, markets, prices, free
+  slots), placed in one pass by `place_many` (migrations first, capacity taken as it goes)
+  against the baseline of one `choose_pool` call per job over every pool, interleaved,
+  `--repeats` times each.
+
+Every row prints min / median / max over the repetitions and the ratio of its median to the
+baseline's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from migration.compatibility import Rule, hardware_options  # noqa: E402
+from migration.placement import (  # noqa: E402
+    PlacementRequest,
+    PoolView,
+    choose_pool,
+    place_many,
+)
+
+
+@dataclass
+class Row:
+    name: str
+    values: list[float]
+    ratios: list[float]
+
+
+def print_table(title: str, unit: str, rows: list[Row], baseline: str) -> None:
+    print(f"\n{title} ({unit}; ratio = median / median of {baseline})")
+    head = f"{'':44} {'min':>9} {'median':>9} {'max':>9} {'ratio':>8}"
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        lo, mid, hi = min(row.values), statistics.median(row.values), max(row.values)
+        ratio = statistics.median(row.ratios)
+        print(f"{row.name:44} {lo:9.3f} {mid:9.3f} {hi:9.3f} {ratio:7.2f}x")
+
+
+# --- recovery: notice -> running again, on the whole system -----------------------------------
+
+# Phases of a migration as the timeline records them (Migration.timings: seconds since the
+# previous event), grouped into the steps the issue names.
+RECOVERY_PHASES = [
+    ("notice seen", ("notice_final",)),
+    ("checkpoint committed", ("checkpoint_started", "checkpoint_committed")),
+    ("released", ("released",)),
+    ("placed", ("placement_decided",)),
+    ("replica ready", ("replica_ready",)),
+    ("started", ("instance_started",)),
+    ("restored", ("restore_done",)),
+    ("validated", ("validation_passed",)),
+    ("running", ("running",)),
+]
+
+
+class Portal:
+    """`make run`'s launcher in a throw-away BATON_HOME on a free port, spoken to over HTTP."""
+
+    def __init__(self, provisioning_delay_s: float) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="baton-bench-"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "DATABASE_URL"))
+        }
+        self.env.update(
+            BATON_HOME=str(self.home),
+            PORT=str(self.port),
+            BATON_PROVISIONING_DELAY_S=str(provisioning_delay_s),
+            DJANGO_SUPERUSER_USERNAME="bench",
+            DJANGO_SUPERUSER_PASSWORD="bench-password-1",
+            DJANGO_SUPERUSER_EMAIL="bench@example.com",
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.token = ""
+
+    def __enter__(self) -> Portal:
+        log = (self.home / "launcher.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "portal.launcher"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(lambda: self.answers(), 180, "the portal to answer")
+        subprocess.run(
+            [sys.executable, "manage.py", "createsuperuser", "--noinput"],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+        answer = self.http(
+            "POST", "/api/auth/token/", {"username": "bench", "password": "bench-password-1"}
+        )
+        self.token = answer["token"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.base + "/login/", timeout=2)
+            return True
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+
+    def http(self, method: str, path: str, body: object | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Token {self.token}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _items(body: Any) -> list[Any]:
+    return list(body["results"] if isinstance(body, dict) and "results" in body else body)
+
+
+def section_recovery(args: argparse.Namespace) -> list[Row]:
+    """Interrupt a running job with a 100 MiB state `args.repeats` times and split each
+    recovery by phase; the baseline is the same job's cold start (submit -> running)."""
+    portal = Portal(args.provisioning_delay)
+    with portal:
+        job_body = {
+            "name": "bench-recovery",
+            "workload": {
+                "template": "mlp_numpy",
+                "params": {"seed": 1, "state_mb": args.state_mb, "step_ms": 20},
+            },
+            "accelerator": args.accelerator,
+            "total_steps": 10_000_000,
+            "checkpoint_every_steps": 500,
+            "tolerance": "aggressive",
+        }
+        submitted = time.monotonic()
+        job = portal.http("POST", "/api/jobs/", job_body)
+        path = f"/api/jobs/{job['id']}/"
+        wait_for(lambda: portal.http("GET", path)["state"] == "running", 180, "the job to run")
+        cold_start = time.monotonic() - submitted
+        splits: list[dict[str, float]] = []
+        for repetition in range(args.repeats):
+            step = portal.http("GET", path)["step"]
+
+            def trained(before: int = step) -> bool:
+                return bool(portal.http("GET", path)["step"] > before + 20)
+
+            wait_for(trained, 60, "training")
+            instance = next(
+                i
+                for i in _items(portal.http("GET", f"/api/instances/?job={job['id']}"))
+                if i["state"] == "running"
+            )
+            asked = datetime.now(UTC)
+            portal.http(
+                "POST",
+                f"/api/instances/{instance['id']}/interrupt/",
+                {"advance_notice_s": 0, "final_window_s": 30},
+            )
+
+            def finished(done: int = repetition + 1) -> list[Any] | None:
+                found = _items(portal.http("GET", f"{path}migrations/"))
+                closed = [m for m in found if m["finished_at"]]
+                return closed if len(closed) >= done else None
+
+            migration = max(wait_for(finished, 240, "the job to run again"), key=lambda m: m["id"])
+            timings = migration["timings"]
+            events = _items(portal.http("GET", f"{path}timeline/?since=0"))
+            notice = next(
+                e
+                for e in events
+                if e["migration"] == migration["id"] and e["kind"] == "notice_final"
+            )
+            seen = datetime.fromisoformat(notice["at"].replace("Z", "+00:00"))
+            split = {"notice seen": (seen - asked).total_seconds()}
+            for name, kinds in RECOVERY_PHASES[1:]:
+                split[name] = sum(float(timings.get(kind, 0.0)) for kind in kinds)
+            split["notice -> running"] = sum(split.values())
+            splits.append(split)
+        portal.http("POST", f"{path}cancel/", {})
+    rows = []
+    for name in [*(n for n, _ in RECOVERY_PHASES), "notice -> running"]:
+        values = [s[name] for s in splits]
+        rows.append(Row(name, values, [v / cold_start for v in values]))
+    rows.append(Row("baseline: cold start (submit -> running)", [cold_start], [1.0]))
+    return rows
+
+
+# --- placement: 1,000 pending jobs over 500 pools --------------------------------------------
+
+CARDS = ["T4", "A10G", "V100-16GB", "V100-32GB", "A100-40GB"]
+RULES = [
+    Rule("T4", "A10G", "cross_generation", 1),
+    Rule("V100-16GB", "V100-32GB", "larger_memory", 1),
+    Rule("V100-32GB", "V100-16GB", "model_parallel", 2),
+]
+
+
+def placement_workload(seed: int) -> tuple[list[PlacementRequest], list[PoolView]]:
+    rng = random.Random(seed)
+    pools = [
+        PoolView(
+            id=i,
+            region=rng.choice(["us-east-1", "us-west-2", "eu-west-1"]),
+            zone="",
+            instance_type=f"type-{i % 40}",
+            accelerator=rng.choice(CARDS),
+            gpus_per_instance=rng.choice([1, 1, 2, 4, 8]),
+            market=rng.choice(["spot", "on_demand"]),
+            price_per_hour=rng.uniform(0.1, 30),
+            free=rng.randint(0, 6),
+            interruption_rate_per_hour=rng.uniform(0, 2),
+        )
+        for i in range(500)
+    ]
+    requests = []
+    for _ in range(1000):
+        card = rng.choice(CARDS)
+        requests.append(
+            PlacementRequest(
+                options=tuple(
+                    hardware_options(card, rng.choice([1, 2]), RULES, rng.random() < 0.3)
+                ),
+                nodes=rng.choice([1, 1, 1, 2, 4]),
+                market=rng.choice(["spot", "on_demand"]),
+                max_price_per_hour=rng.choice([None, 50.0, 100.0]),
+                requested=card,
+                remaining_hours=rng.uniform(0.5, 48),
+                restart_overhead_hours=0.05,
+                checkpoint_interval_hours=5 / 60,
+            )
+        )
+    return requests, pools
+
+
+def one_by_one(requests: list[PlacementRequest], pools: list[PoolView]) -> None:
+    for request in requests:
+        choose_pool(request, pools)
+
+
+def section_placement(args: argparse.Namespace) -> list[Row]:
+    requests, pools = placement_workload(seed=1)
+    batch: list[float] = []
+    baseline: list[float] = []
+    for _ in range(args.repeats):  # interleaved, so a noisy moment hits both
+        started = time.perf_counter()
+        place_many(requests, pools)
+        batch.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        one_by_one(requests, pools)
+        baseline.append(time.perf_counter() - started)
+    placed = sum(1 for r in place_many(requests, pools) if not hasattr(r, "considered"))
+    print(f"\nplacement: {len(requests)} jobs, {len(pools)} pools, {placed} placed")
+    return [
+        Row(
+            "place_many: 1,000 jobs, capacity as it goes",
+            batch,
+            [b / o for b, o in zip(batch, baseline, strict=True)],
+        ),
+        Row("baseline: choose_pool per job, every pool", baseline, [1.0] * len(baseline)),
+    ]
+
+
+SECTIONS: dict[str, tuple[Callable[[argparse.Namespace], list[Row]], str, str]] = {
+    "recovery": (section_recovery, "seconds", "the cold start"),
+    "placement": (section_placement, "seconds", "one choose_pool per job"),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="recovery,placement")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--state-mb", type=float, default=100.0)
+    parser.add_argument("--provisioning-delay", type=float, default=0.0)
+    parser.add_argument("--accelerator", default="T4")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.sections.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
+    print(
+        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; "
+        f"repeats {args.repeats}, state {args.state_mb:g} MiB, "
+        f"provisioning delay {args.provisioning_delay:g} s"
+    )
+    for name in names:
+        section, unit, baseline = SECTIONS[name]
+        print_table(name, unit, section(args), baseline)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
