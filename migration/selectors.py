@@ -253,6 +253,28 @@ def placement_decision(job: Job) -> tuple[PlacementChoice | None, MarketDecision
     return chosen, decision, f"{decision.reason} {chosen.reason[0].upper()}{chosen.reason[1:]}."
 
 
+# Deadline rules that move a running job between markets (costs/policies.py).
+TO_ON_DEMAND_RULES = frozenset({"safety_net", "behind_plan"})
+TO_SPOT_RULES = frozenset({"spot_with_slack"})
+
+
+def market_review(job: Job) -> MarketDecision | None:
+    """For a running job with a deadline: the decision to move it to the other market now
+    (spot -> on-demand when its slack no longer covers the work left plus restarts; back to
+    spot when the slack allows and spot has room), or None to stay."""
+    if job.deadline is None or job.on_demand_only or job.market not in Market.values:
+        return None
+    seen = prospects(job)
+    decision = decide_market(market_situation(job, seen))
+    if decision.wait or decision.market == job.market:
+        return None
+    if decision.market == Market.ON_DEMAND and decision.rule in TO_ON_DEMAND_RULES:
+        return decision if isinstance(seen.on_demand, PlacementChoice) else None
+    if decision.market == Market.SPOT and decision.rule in TO_SPOT_RULES:
+        return decision if isinstance(seen.spot, PlacementChoice) else None
+    return None
+
+
 def open_migration(job: Job) -> Migration | None:
     """The job's migration in progress, if any."""
     return job.migrations.exclude(phase__in=CLOSED_PHASES).order_by("-id").first()

@@ -21,9 +21,14 @@ from jobs.choices import JobState
 from jobs.models import Job
 from migration import interruptions, orchestration
 from migration.backends import get_backend
-from migration.choices import ACTIVE_INSTANCE_STATES, InstanceState, MigrationPhase
+from migration.choices import (
+    ACTIVE_INSTANCE_STATES,
+    InstanceState,
+    MigrationPhase,
+    MigrationTrigger,
+)
 from migration.models import Instance
-from migration.selectors import open_migration
+from migration.selectors import market_review, open_migration
 from portal.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
@@ -31,6 +36,8 @@ logger = logging.getLogger(__name__)
 # A job left in one of these states this long without a change lost its task: queue it again.
 STUCK_AFTER = timedelta(seconds=15)
 RECLAIM_SLACK = timedelta(seconds=2)
+# A job moved by the deadline rule stays put at least this long (no flapping between markets).
+REVIEW_SPACING = timedelta(minutes=5)
 
 
 def _gone_from_backend(instance: Instance) -> bool:
@@ -129,6 +136,26 @@ def stale_tokens() -> int:
     )
 
 
+def review_markets() -> int:
+    """Running jobs with a deadline whose market the deadline rule now says to change: move
+    them (trigger `policy`), at most once per REVIEW_SPACING."""
+    quiet_since = timezone.now() - REVIEW_SPACING
+    candidates = Job.objects.filter(
+        state=JobState.RUNNING, deadline__isnull=False, on_demand_only=False
+    ).exclude(migrations__finished_at__gt=quiet_since)
+    moved = 0
+    for job_id in list(candidates.values_list("pk", flat=True)):
+        job = Job.objects.select_related("accelerator").get(pk=job_id)
+        decision = market_review(job)  # outside the write transaction: it reads many pools
+        if decision is None:
+            continue
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            if orchestration.start_planned_migration(job, MigrationTrigger.POLICY, decision.reason):
+                moved += 1
+    return moved
+
+
 def accrue_costs() -> int:
     """Cost so far of every job holding capacity now."""
     jobs = Job.objects.filter(instances__state__in=ACTIVE_INSTANCE_STATES).distinct()
@@ -159,6 +186,7 @@ def sweep() -> dict[str, int]:
         "unstarted": unstarted_instances(),
         "reclaimed": overdue_reclaims(),
         "requeued": stuck_jobs(),
+        "policy": review_markets(),
         "revoked": stale_tokens(),
         "costed": accrue_costs(),
     }

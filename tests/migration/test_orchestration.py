@@ -294,3 +294,30 @@ def test_a_staff_interrupt_schedules_both_notices_and_refuses_what_is_not_runnin
     assert (instance.final_notice_at - instance.advance_notice_at).total_seconds() == 5
     assert (instance.reclaim_at - instance.final_notice_at).total_seconds() == 20
     assert staff.post(url, {}, format="json").status_code == 409  # already under notice
+
+
+def test_a_spot_job_whose_deadline_is_at_risk_moves_to_on_demand(
+    catalogue: Any, alice: Any, backend: Recorder
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from migration import sweeps
+
+    relaxed, _ = running_job(alice, catalogue, backend)
+    job = submit(alice, catalogue, total_steps=1000, expected_hours=10.0)
+    services.place_job(job.pk)
+    orchestration.start_job(job.pk)
+    Agent(agents_of(job)[0]).send("self_check", ok=True)
+    # Ten hours of work left and ten hours and a minute to the deadline: no room for restarts.
+    Job.objects.filter(pk=job.pk).update(deadline=timezone.now() + timedelta(hours=10, minutes=1))
+
+    assert sweeps.review_markets() == 1
+
+    job.refresh_from_db()
+    migration = Migration.objects.get(job=job)
+    assert job.state == "migrating" and migration.trigger == "policy"
+    notice = TimelineEvent.objects.get(job=job, kind="notice_final")
+    assert notice.data["source"] == "policy" and "Deadline" in notice.data["reason"]
+    assert not Migration.objects.filter(job=relaxed).exists()  # no deadline: never reviewed
