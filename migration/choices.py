@@ -107,3 +107,19 @@ class TimelineKind(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+# A migration without trouble, as its timeline events follow each other (DESIGN §4).
+MIGRATION_TIMELINE = (
+    TimelineKind.NOTICE_ADVANCE,
+    TimelineKind.NOTICE_FINAL,
+    TimelineKind.CHECKPOINT_STARTED,
+    TimelineKind.CHECKPOINT_COMMITTED,
+    TimelineKind.RELEASED,
+    TimelineKind.PLACEMENT_DECIDED,
+    TimelineKind.REPLICA_READY,
+    TimelineKind.INSTANCE_STARTED,
+    TimelineKind.RESTORE_DONE,
+    TimelineKind.VALIDATION_PASSED,
+    TimelineKind.RUNNING,
+)

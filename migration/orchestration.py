@@ -86,11 +86,12 @@ def _has_event(migration: Migration, kind: str) -> bool:
     return migration.events.filter(kind=kind).exists()
 
 
-def _has_event_since_rollback(migration: Migration, kind: str) -> bool:
-    """Whether this attempt of the migration (after its last rollback) has had `kind`."""
-    last = migration.events.filter(kind=TimelineKind.ROLLBACK).order_by("-id").first()
-    events = migration.events.filter(kind=kind)
-    return (events.filter(id__gt=last.pk) if last else events).exists()
+def _replica_ready_for_placement(migration: Migration) -> bool:
+    """Whether the checkpoint was made ready for the migration's latest placement (a rollback
+    or a new attempt places the job again, maybe in another region)."""
+    placed = migration.events.filter(kind=TimelineKind.PLACEMENT_DECIDED).order_by("-id").first()
+    ready = migration.events.filter(kind=TimelineKind.REPLICA_READY)
+    return (ready.filter(id__gt=placed.pk) if placed else ready).exists()
 
 
 # -- launching ------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def start_job(job_id: int) -> int:
         needs_replica = (
             migration is not None
             and migration.checkpoint_id is not None
-            and not _has_event_since_rollback(migration, TimelineKind.REPLICA_READY)
+            and not _replica_ready_for_placement(migration)
         )
     if needs_replica:
         assert migration is not None
@@ -215,9 +216,7 @@ def start_job(job_id: int) -> int:
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
             migration = Migration.objects.select_related("checkpoint").get(pk=migration.pk)
-            if job.state != JobState.STARTING or _has_event_since_rollback(
-                migration, TimelineKind.REPLICA_READY
-            ):
+            if job.state != JobState.STARTING or _replica_ready_for_placement(migration):
                 return 0
             checkpoint = migration.checkpoint
             assert checkpoint is not None
@@ -422,8 +421,9 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
         and instance.migration_id == migration.pk
         and instance.launched_at is not None
     ):
-        # An instance started for this migration died before the job ran again.
-        rollback(job, migration, f"rank {instance.rank} {reason} before validation")
+        # An instance started for this migration went before the job ran again (reclaimed,
+        # lost, never started): start this attempt again elsewhere, from the same checkpoint.
+        _start_again(job, migration, f"rank {instance.rank} {reason} before the job ran again")
         return
     if migration is None:
         migration = Migration.objects.create(
@@ -434,6 +434,20 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
     _stop_other_ranks(job, migration)
     if not _current_ranks(job, migration).exists():
         _released(job, migration, reason)
+
+
+def _start_again(job: Job, migration: Migration, why: str) -> None:
+    """End the instances placed for the migration and place the job again; the checkpoint
+    stays (nothing says it is bad)."""
+    for other in _active(job).filter(migration=migration).select_related("pool"):
+        end_instance(other, InstanceState.RELEASED)
+    migration.phase = MigrationPhase.PLACING
+    migration.validation = {"restarted": why}
+    migration.save(update_fields=["phase", "validation"])
+    if job.state == JobState.STARTING:
+        set_state(job, JobState.MIGRATING)
+    logger.warning("job %s: %s; placing it again", job.pk, why)
+    enqueue_on_commit("migration.tasks.place_job_task", job.pk)
 
 
 def _stop_other_ranks(job: Job, migration: Migration) -> None:
@@ -682,6 +696,8 @@ def finish_job(job: Job) -> None:
         for reserved in _active(job).filter(migration=migration):
             end_instance(reserved, InstanceState.RELEASED)
         finish_migration(migration, MigrationPhase.DONE)
+    if job.state == JobState.STARTING:  # every rank finished before its restore was judged
+        set_state(job, JobState.RUNNING)
     set_state(job, JobState.SUCCEEDED, step=job.result.get("step") or job.step)
     record_event(job, TimelineKind.SUCCEEDED, dict(job.result))
 

@@ -18,24 +18,13 @@ import pytest
 
 from jobs.models import Job
 from migration import sweeps
+from migration.choices import MIGRATION_TIMELINE
 from migration.models import CapacityPool, Instance, Migration, TimelineEvent
 from tests.conftest import ROOT, job_body, running_worker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-MIGRATION_KINDS = [
-    "notice_advance",
-    "notice_final",
-    "checkpoint_started",
-    "checkpoint_committed",
-    "released",
-    "placement_decided",
-    "replica_ready",
-    "instance_started",
-    "restore_done",
-    "validation_passed",
-    "running",
-]
+MIGRATION_KINDS = list(MIGRATION_TIMELINE)
 FINAL = re.compile(r"final step=(\d+) val_loss=(\S+) weights_sha256=([0-9a-f]{64})")
 
 
@@ -93,6 +82,46 @@ def running_instance(job_id: int, min_step: int = 1) -> Instance:
     return found
 
 
+def start(
+    client: Any,
+    params: dict[str, Any],
+    steps: int,
+    every: int,
+    min_step: int,
+    template: str = "mlp_numpy",
+    **fields: Any,
+) -> tuple[dict[str, Any], Instance]:
+    """Submit a built-in workload and wait until it runs past `min_step`."""
+    job = submit(
+        client,
+        workload={"template": template, "params": params},
+        total_steps=steps,
+        checkpoint_every_steps=every,
+        **fields,
+    )
+    return job, running_instance(job["id"], min_step=min_step)
+
+
+def finished_like_twin(
+    job_id: int, params: dict[str, Any], steps: int, timeout: float = 120
+) -> Job:
+    """Wait for the job; it succeeded with the weights of an uninterrupted run."""
+    done = finished(job_id, timeout)
+    assert done.state == "succeeded", (done.error, kinds(job_id))
+    assert done.result is not None
+    assert done.result["weights_sha256"] == twin_result(params, steps)
+    return done
+
+
+def interrupt(staff_client: Any, instance: Instance, advance_s: float, window_s: float) -> None:
+    answer = staff_client.post(
+        f"/api/instances/{instance.pk}/interrupt/",
+        {"advance_notice_s": advance_s, "final_window_s": window_s},
+        format="json",
+    )
+    assert answer.status_code == 202, answer.content
+
+
 def finished(job_id: int, timeout: float = 120) -> Job:
     def done() -> Job | None:
         sweeps.sweep()
@@ -111,25 +140,11 @@ def test_an_interrupted_job_migrates_and_finishes_bit_exact(
     stack: Any, alice: Any, staff_client: Any, client_for: Any
 ) -> None:
     params = {"seed": 7, "step_ms": 15, "state_mb": 4}
-    job = submit(
-        client_for(alice),
-        workload={"template": "mlp_numpy", "params": params},
-        total_steps=400,
-        checkpoint_every_steps=50,
-    )
-    instance = running_instance(job["id"], min_step=60)
+    job, instance = start(client_for(alice), params, 400, 50, 60)
 
-    answer = staff_client.post(
-        f"/api/instances/{instance.pk}/interrupt/",
-        {"advance_notice_s": 1, "final_window_s": 20},
-        format="json",
-    )
-    assert answer.status_code == 202, answer.content
+    interrupt(staff_client, instance, 1, 20)
 
-    done = finished(job["id"])
-    assert done.state == "succeeded", (done.error, kinds(job["id"]))
-    assert done.result is not None
-    assert done.result["weights_sha256"] == twin_result(params, 400)
+    done = finished_like_twin(job["id"], params, 400)
     migration = Migration.objects.get(job_id=job["id"])
     assert migration.phase == "done"
     assert migration.lost_steps == 0
@@ -148,50 +163,28 @@ def test_an_emergency_save_that_misses_the_window_resumes_from_the_last_periodic
 ) -> None:
     # Steps of 1.5 s: the SIGTERM lands mid-step, and the 1 s window ends before the step does.
     params = {"seed": 3, "step_ms": 1500}
-    job = submit(
-        client_for(alice),
-        workload={"template": "mlp_numpy", "params": params},
-        total_steps=14,
-        checkpoint_every_steps=3,
-    )
-    instance = running_instance(job["id"], min_step=4)
+    job, instance = start(client_for(alice), params, 14, 3, 4)
 
-    staff_client.post(
-        f"/api/instances/{instance.pk}/interrupt/",
-        {"advance_notice_s": 0, "final_window_s": 1},
-        format="json",
-    )
+    interrupt(staff_client, instance, 0, 1)
 
-    done = finished(job["id"], timeout=180)
-    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    finished_like_twin(job["id"], params, 14, timeout=180)
     migration = Migration.objects.get(job_id=job["id"])
     assert "checkpoint_missed" in kinds(job["id"])
     assert "notice_advance" not in kinds(job["id"])
     assert migration.lost_steps <= 3
-    assert done.result is not None
-    assert done.result["weights_sha256"] == twin_result(params, 14)
 
 
 def test_a_killed_agent_is_declared_lost_and_its_job_migrates(
     stack: Any, alice: Any, client_for: Any
 ) -> None:
     params = {"seed": 5, "step_ms": 20}
-    job = submit(
-        client_for(alice),
-        workload={"template": "mlp_numpy", "params": params},
-        total_steps=500,
-        checkpoint_every_steps=40,
-    )
-    instance = running_instance(job["id"], min_step=80)
+    job, instance = start(client_for(alice), params, 500, 40, 80)
 
     os.killpg(int(instance.backend_id), signal.SIGKILL)
 
-    done = finished(job["id"])
-    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    finished_like_twin(job["id"], params, 500)
     assert Instance.objects.get(pk=instance.pk).state == "failed"
     assert "checkpoint_missed" in kinds(job["id"])
-    assert done.result is not None
-    assert done.result["weights_sha256"] == twin_result(params, 500)
 
 
 def test_a_job_waits_without_capacity_and_is_placed_when_it_frees(
@@ -229,11 +222,7 @@ def test_a_two_rank_torch_gang_migrates_together_and_finishes(
     )
     instance = running_instance(job["id"], min_step=60)
 
-    staff_client.post(
-        f"/api/instances/{instance.pk}/interrupt/",
-        {"advance_notice_s": 0, "final_window_s": 30},
-        format="json",
-    )
+    interrupt(staff_client, instance, 0, 30)
 
     done = finished(job["id"], timeout=180)
     assert done.state == "succeeded", (done.error, kinds(job["id"]))
@@ -270,11 +259,7 @@ def test_a_worker_killed_mid_migration_starts_exactly_one_new_instance(
             checkpoint_every_steps=50,
         )
         instance = running_instance(job["id"], min_step=50)
-        staff_client.post(
-            f"/api/instances/{instance.pk}/interrupt/",
-            {"advance_notice_s": 0, "final_window_s": 20},
-            format="json",
-        )
+        interrupt(staff_client, instance, 0, 20)
         wait_until(lambda: "released" in kinds(job["id"]), timeout=60, every=0.05)
         worker.kill()  # mid-migration: its tasks are neither finished nor acknowledged
     monkeypatch.setattr(sweeps, "STUCK_AFTER", sweeps.timedelta(0))

@@ -12,6 +12,7 @@ from jobs.models import Job
 from migration import interruptions, orchestration, services
 from migration.agent_tokens import issue_agent_token
 from migration.backends import AgentSpec, BackendStatus
+from migration.choices import MIGRATION_TIMELINE
 from migration.models import Checkpoint, Instance, Migration, TimelineEvent
 from portal import enqueue
 from tests.conftest import submit
@@ -161,19 +162,7 @@ def test_an_interruption_moves_the_job_through_every_phase_in_order(
     migration.refresh_from_db()
     assert job.state == "running"
     assert migration.phase == "done" and migration.lost_steps == 0
-    assert kinds(job)[-11:] == [
-        "notice_advance",
-        "notice_final",
-        "checkpoint_started",
-        "checkpoint_committed",
-        "released",
-        "placement_decided",
-        "replica_ready",
-        "instance_started",
-        "restore_done",
-        "validation_passed",
-        "running",
-    ]
+    assert kinds(job)[-11:] == list(MIGRATION_TIMELINE)
     assert migration.timings["total"] >= 0 and "restore_done" in migration.timings
 
 
@@ -321,3 +310,28 @@ def test_a_spot_job_whose_deadline_is_at_risk_moves_to_on_demand(
     notice = TimelineEvent.objects.get(job=job, kind="notice_final")
     assert notice.data["source"] == "policy" and "Deadline" in notice.data["reason"]
     assert not Migration.objects.filter(job=relaxed).exists()  # no deadline: never reviewed
+
+
+def test_a_new_instance_reclaimed_before_its_restore_is_judged_starts_again_from_the_same_checkpoint(
+    catalogue: Any, alice: Any, backend: Recorder
+) -> None:
+    job, agents = running_job(alice, catalogue, backend)
+    agents[0].send("notice", level="final", source="imds")
+    agents[0].checkpoint(job, 44, "emergency")
+    agents[0].send("exit", reason="preempted")
+    services.place_job(job.pk)
+    orchestration.start_job(job.pk)
+    first = Instance.objects.get(job=job, state="provisioning")
+    Agent(agents_of(job, pk=first.pk)[0]).send("self_check", ok=True)
+
+    Instance.objects.filter(pk=first.pk).update(reclaim_at=first.created_at)
+    interruptions.reclaim_instance(first.pk)
+
+    job.refresh_from_db()
+    assert job.state == "migrating"
+    assert set(Checkpoint.objects.values_list("status", flat=True)) == {"committed"}
+    services.place_job(job.pk)
+    orchestration.start_job(job.pk)
+    second = Instance.objects.get(job=job, state="provisioning")
+    assert second.resume_manifest == first.resume_manifest
+    assert kinds(job).count("replica_ready") == 2  # made ready again for the new placement
