@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import wait_until
@@ -80,8 +81,10 @@ def _descendants(root: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
+    """Running, not merely waiting to be reaped: a local instance's processes are re-parented
+    to init when the worker that launched them stops, and init reaps them in its own time."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"

@@ -111,7 +111,8 @@ def test_a_save_that_comes_due_during_a_persist_waits_instead_of_piling_up(
     for step in range(1, 6):
         w += 1
         ckpt.maybe_save(step, {"w": w})
-        assert ckpt._buffers.nbytes <= w.nbytes + 4096  # one snapshot's worth, never more
+        # One snapshot's worth, never a second one piled up (page alignment adds a few KiB).
+        assert ckpt._buffers.nbytes <= w.nbytes + 64 * 1024
     ckpt.close()
     assert [r.step for r in store.list("job-1")] == [1, 2, 3, 4, 5]
     assert float(store.load(newest(store, "job-1")).state["w"][0]) == 5.0
