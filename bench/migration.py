@@ -92,7 +92,8 @@ RECOVERY_PHASES = [
 class Portal:
     """`make run`'s launcher in a throw-away BATON_HOME on a free port, spoken to over HTTP."""
 
-    def __init__(self, provisioning_delay_s: float) -> None:
+    def __init__(self, provisioning_delay_s: float, keep: bool = False) -> None:
+        self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix="baton-bench-"))
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -143,7 +144,10 @@ class Portal:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        shutil.rmtree(self.home, ignore_errors=True)
+        if self.keep:
+            print(f"kept BATON_HOME at {self.home}")
+        else:
+            shutil.rmtree(self.home, ignore_errors=True)
 
     def answers(self) -> bool:
         try:
@@ -181,7 +185,7 @@ def _items(body: Any) -> list[Any]:
 def section_recovery(args: argparse.Namespace) -> list[Row]:
     """Interrupt a running job with a 100 MiB state `args.repeats` times and split each
     recovery by phase; the baseline is the same job's cold start (submit -> running)."""
-    portal = Portal(args.provisioning_delay)
+    portal = Portal(args.provisioning_delay, keep=args.keep)
     with portal:
         job_body = {
             "name": "bench-recovery",
@@ -238,6 +242,7 @@ def section_recovery(args: argparse.Namespace) -> list[Row]:
                 split[name] = sum(float(timings.get(kind, 0.0)) for kind in kinds)
             split["notice -> running"] = sum(split.values())
             splits.append(split)
+            print(f"  recovery {repetition + 1}: {split['notice -> running']:.2f} s", flush=True)
         portal.http("POST", f"{path}cancel/", {})
     rows = []
     for name in [*(n for n, _ in RECOVERY_PHASES), "notice -> running"]:
@@ -335,6 +340,9 @@ def main() -> int:
     parser.add_argument("--state-mb", type=float, default=100.0)
     parser.add_argument("--provisioning-delay", type=float, default=0.0)
     parser.add_argument("--accelerator", default="T4")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the recovery run's BATON_HOME (logs, database)"
+    )
     args = parser.parse_args()
     names = [n.strip() for n in args.sections.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]

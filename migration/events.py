@@ -7,6 +7,7 @@ transaction commits, so a client never sees an event the database does not have.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FLEET_GROUP = "fleet"
+BROADCAST_TIMEOUT_S = 2.0
 
 
 def job_group(job_id: int) -> str:
@@ -48,10 +50,16 @@ def broadcast(job_id: int, message_type: str, payload: dict[str, Any]) -> None:
     if layer is None:
         return
     message = {"type": message_type, **payload}
+
+    async def send() -> None:
+        await layer.group_send(job_group(job_id), message)
+        await layer.group_send(FLEET_GROUP, message)
+
     try:
-        async_to_sync(layer.group_send)(job_group(job_id), message)
-        async_to_sync(layer.group_send)(FLEET_GROUP, message)
-    except Exception:  # the row is committed; a client catches up with resume
+        # Bounded: this runs among a commit's hooks, before the tasks the commit queues; a
+        # send that hangs must not hold them back (seen: a placement never queued).
+        async_to_sync(asyncio.wait_for)(send(), BROADCAST_TIMEOUT_S)
+    except (Exception, asyncio.CancelledError):  # the row is committed; resume catches up
         logger.warning("could not broadcast %s for job %s", message_type, job_id, exc_info=True)
 
 

@@ -48,6 +48,7 @@ from migration.imds import metadata_url
 from migration.models import Checkpoint, CheckpointReplica, Instance, Migration
 from migration.selectors import checkpoint_rank, complete_checkpoints, open_migration
 from migration.services import (
+    AGENT_GRACE_S,
     end_instance,
     finish_migration,
     release_process,
@@ -407,11 +408,13 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
     reclaimed (its time came), lost (silent) or failed to start. The job migrates once every
     rank of its gang is gone."""
     failed = reason in ("lost", "start_failed")
-    # An agent that exited still sends its last lines: its token goes with the sweep.
+    # An agent that exited still sends its last lines: its token goes with the sweep. What
+    # the cloud takes (reclaimed) or what went silent is ended at once.
     end_instance(
         instance,
         InstanceState.FAILED if failed else InstanceState.RELEASED,
         revoke=reason != "preempted",
+        grace_s=AGENT_GRACE_S if reason == "preempted" else 0.0,
     )
     if is_finished(job.state):
         return

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 # A cancelled job's workload gets this long to exit cleanly before its processes are killed.
 STOP_GRACE_S = 10.0
+# What an ended instance's agent gets before its group is killed: often the agent is the one
+# reporting the end, still waiting for the answer; killing it at once drops that request and,
+# with it, the hooks of the transaction that answers it (the placement it queues).
+AGENT_GRACE_S = 10.0
 PLACEABLE_STATES = (JobState.PENDING, JobState.WAITING, JobState.MIGRATING, JobState.PLACING)
 
 
@@ -199,9 +203,12 @@ def place_job(job_id: int) -> PlacementOutcome:
     return PlacementOutcome(job_id, False, "capacity kept changing; will retry")
 
 
-def end_instance(instance: Instance, state: str, revoke: bool = True, grace_s: float = 0.0) -> None:
-    """Mark an active instance ended (its slot frees) and stop its processes after commit;
-    `revoke` refuses its agent's token from now on."""
+def end_instance(
+    instance: Instance, state: str, revoke: bool = True, grace_s: float = AGENT_GRACE_S
+) -> None:
+    """Mark an active instance ended (its slot frees) and stop its processes after commit:
+    SIGTERM, then SIGKILL after `grace_s` (0: at once, as a cloud reclaims); `revoke` refuses
+    its agent's token from now on."""
     if instance.state not in ACTIVE_INSTANCE_STATES:
         return
     instance.state = state

@@ -6,6 +6,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from migration import interruptions, market_tick, orchestration, services, sweeps
+from portal.enqueue import enqueue_on_commit
 
 # The database's transient errors (a lock timeout, a dropped connection) are retried.
 TRANSIENT = (ConnectionError, OperationalError)
@@ -41,7 +42,7 @@ def retry_waiting_jobs_task() -> int:
     """Queue placement for waiting jobs, migrations first (run by beat and when capacity frees)."""
     ids = services.jobs_to_retry()
     for job_id in ids:
-        place_job_task.delay(job_id)
+        enqueue_on_commit("migration.tasks.place_job_task", job_id)
     return len(ids)
 
 

@@ -6,10 +6,14 @@ service never imports the edge that calls it (the import-linter layers contract)
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from celery import current_app
 from django.db import transaction
+
+from portal.celery import app
+
+logger = logging.getLogger(__name__)
 
 
 def enqueue_on_commit(task: str, *args: Any, countdown: float | None = None) -> None:
@@ -19,6 +23,8 @@ def enqueue_on_commit(task: str, *args: Any, countdown: float | None = None) -> 
     """
 
     def send() -> None:
-        current_app.send_task(task, args=args, countdown=countdown)
+        # Our app by name, not Celery's `current_app`, which depends on the thread asking.
+        result = app.send_task(task, args=args, countdown=countdown)
+        logger.debug("queued %s%s as %s", task, args, result.id)
 
     transaction.on_commit(send, robust=True)

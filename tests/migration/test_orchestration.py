@@ -49,7 +49,7 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
     for module in (orchestration, services):
         monkeypatch.setattr(module, "get_backend", lambda name: recorder)
-    monkeypatch.setattr(enqueue, "current_app", recorder)
+    monkeypatch.setattr(enqueue, "app", recorder)
     return recorder
 
 
