@@ -312,7 +312,7 @@ def test_a_spot_job_whose_deadline_is_at_risk_moves_to_on_demand(
     assert not Migration.objects.filter(job=relaxed).exists()  # no deadline: never reviewed
 
 
-def test_a_new_instance_reclaimed_before_its_restore_is_judged_starts_again_from_the_same_checkpoint(
+def test_a_new_instance_reclaimed_before_its_restore_is_judged_starts_again_from_its_checkpoint(
     catalogue: Any, alice: Any, backend: Recorder
 ) -> None:
     job, agents = running_job(alice, catalogue, backend)
