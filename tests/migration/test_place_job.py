@@ -200,3 +200,35 @@ def test_recovery_after_a_crash_ends_orphans_and_requeues_their_jobs(
     assert not Instance.objects.filter(job=job, state="provisioning").exists()
     released = job.events.get(kind="released")
     assert released.migration is not None and released.migration.phase == "placing"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pool_capacity_holds_when_jobs_are_placed_at_the_same_time(
+    catalogue: Any, alice: Any
+) -> None:
+    import threading
+
+    from django.db import connection
+
+    jobs = [submit(alice, catalogue, accelerator="V100-16GB") for _ in range(6)]
+    start = threading.Barrier(len(jobs))
+
+    def place(job_id: int) -> None:
+        start.wait()
+        try:
+            services.place_job(job_id)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=place, args=(job.pk,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    for pool in CapacityPool.objects.filter(accelerator__name="V100-16GB"):
+        held = Instance.objects.filter(pool=pool, state="provisioning").count()
+        assert held <= pool.capacity, pool
+    states = sorted(Job.objects.values_list("state", flat=True))
+    assert set(states) == {"starting", "waiting"}  # every job decided, none lost or doubled
+    assert Instance.objects.count() == states.count("starting")
