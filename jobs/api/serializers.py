@@ -118,9 +118,11 @@ class JobSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         extra_kwargs = {
-            "gpus_per_node": {"min_value": 1},
-            "nodes": {"min_value": 1},
-            "total_steps": {"min_value": 1},
+            # Bounded: jobs run on real capacity now (no pool has more, and a gang larger than
+            # this is not something one submission should be able to ask of the fleet).
+            "gpus_per_node": {"min_value": 1, "max_value": 64},
+            "nodes": {"min_value": 1, "max_value": 256},
+            "total_steps": {"min_value": 1, "max_value": 10**9},
             "checkpoint_every_steps": {"min_value": 1},
             "checkpoint_every_seconds": {"min_value": 1},
         }

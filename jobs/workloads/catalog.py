@@ -6,6 +6,7 @@ and the instance side (turns params into command-line flags). No Django here.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -18,27 +19,42 @@ class Param:
     default: float | int
     minimum: float | int = 0
     help: str = ""
+    # Bounds what one job can ask of a machine (memory, time per step) now that jobs run.
+    maximum: float | int = 2**31 - 1
 
     def parse(self, name: str, value: object) -> float | int:
         """Coerce a JSON value; raise ValueError with a message naming the problem."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{name} must be a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number")
         if self.kind is int and value != int(value):
             raise ValueError(f"{name} must be a whole number")
         if value < self.minimum:
             raise ValueError(f"{name} must be at least {self.minimum}")
+        if value > self.maximum:
+            raise ValueError(f"{name} must be at most {self.maximum}")
         return self.kind(value)
 
 
 COMMON: dict[str, Param] = {
-    "seed": Param(int, 0, help="Random seed; the same seed gives the same weights."),
-    "step_ms": Param(float, 0.0, help="Minimum wall time per step (stands in for a GPU's pace)."),
-    "state_mb": Param(float, 0.0, help="Pads the model state to about this many MiB."),
+    "seed": Param(
+        int, 0, maximum=2**32 - 1, help="Random seed; the same seed gives the same weights."
+    ),
+    "step_ms": Param(
+        float,
+        0.0,
+        maximum=60_000,
+        help="Minimum wall time per step (stands in for a GPU's pace).",
+    ),
+    "state_mb": Param(
+        float, 0.0, maximum=16_384, help="Pads the model state to about this many MiB."
+    ),
 }
 MLP: dict[str, Param] = {
-    "hidden": Param(int, 64, minimum=1, help="Hidden units."),
-    "batch": Param(int, 64, minimum=1, help="Examples per step."),
-    "lr": Param(float, 0.05, minimum=0.0, help="Learning rate."),
+    "hidden": Param(int, 64, minimum=1, maximum=65_536, help="Hidden units."),
+    "batch": Param(int, 64, minimum=1, maximum=65_536, help="Examples per step."),
+    "lr": Param(float, 0.05, minimum=0.0, maximum=100.0, help="Learning rate."),
 }
 
 
@@ -98,9 +114,15 @@ TEMPLATES: dict[str, Template] = {
             sdk=True,
             params={
                 **COMMON,
-                "base_mb": Param(float, 64.0, help="Size of the frozen base model in MiB."),
+                "base_mb": Param(
+                    float, 64.0, maximum=16_384, help="Size of the frozen base model in MiB."
+                ),
                 "trainable_fraction": Param(
-                    float, 0.02, minimum=0.0001, help="Share of parameters the adapter trains."
+                    float,
+                    0.02,
+                    minimum=0.0001,
+                    maximum=1.0,
+                    help="Share of parameters the adapter trains.",
                 ),
             },
             description="A large frozen base and a small trainable adapter (incremental saves).",

@@ -161,3 +161,33 @@ def test_a_token_is_issued_for_a_username_and_password(alice: Any, client: Any) 
 
     assert good.status_code == 200 and good.json()["token"]
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"state_mb": 1e308}, "state_mb"),
+        ({"hidden": 10**9}, "hidden"),
+        ({"seed": 10**30}, "seed"),
+        ({"step_ms": 1e9}, "step_ms"),
+    ],
+)
+def test_it_refuses_parameters_that_would_overwhelm_the_machine_running_the_job(
+    catalogue: Any, alice: Any, client_for: Any, params: dict[str, Any], named: str
+) -> None:
+    body = job_body(workload={"template": "mlp_numpy", "params": params})
+    response = client_for(alice).post("/api/jobs/", body, format="json")
+
+    assert response.status_code == 400
+    assert named in str(response.json()["workload"]) and "at most" in str(response.json())
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("field", ["nodes", "gpus_per_node", "total_steps"])
+def test_it_refuses_a_gang_or_a_length_no_fleet_could_hold(
+    catalogue: Any, alice: Any, client_for: Any, field: str
+) -> None:
+    response = client_for(alice).post("/api/jobs/", job_body(**{field: 10**12}), format="json")
+
+    assert response.status_code == 400
+    assert field in response.json()

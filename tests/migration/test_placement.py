@@ -78,15 +78,16 @@ def test_a_pool_fits_only_with_the_right_gpus_per_instance() -> None:
     assert isinstance(result, PlacementChoice) and result.pool.id == 2
 
 
-def test_a_substitute_is_used_only_when_no_exact_pool_has_room() -> None:
+def test_a_substitute_is_used_when_the_exact_card_is_full() -> None:
     exact, substitute = HardwareOption("T4", 1), HardwareOption("A10G", 1, "cross_generation")
-    room = [pool(1, "T4", price=1.0), pool(2, "A10G", price=0.5)]
-    full = [pool(1, "T4", price=1.0, free=0), pool(2, "A10G", price=0.5)]
+    room = [pool(1, "T4", price=1.0), pool(2, "A10G", price=0.9)]
+    full = [pool(1, "T4", price=1.0, free=0), pool(2, "A10G", price=0.9)]
 
     keep = choose_pool(request(exact, substitute), room)
     switch = choose_pool(request(exact, substitute), full)
 
     assert isinstance(keep, PlacementChoice) and keep.pool.id == 1
+    assert "the exact card is kept" in keep.reason and "10% less" in keep.reason
     assert isinstance(switch, PlacementChoice) and switch.pool.id == 2
     assert "every exact T4 pool is full" in switch.reason
     assert "substitute for T4" in switch.reason
