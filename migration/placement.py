@@ -2,19 +2,52 @@
 
 The service layer asks the cost policies which market to use, then calls `choose_pool` with
 the pools it loaded; this module only filters and ranks, and says why in words.
+
+A candidate's score (docs/decisions/032-placement-score.md) is what finishing the job there is
+expected to cost, in dollars:
+
+    score = gang price per hour x expected hours held / (1 - substitute's required saving)
+
+- expected hours held: on-demand, the first start (restart overhead, plus a cross-region copy
+  of the checkpoint when no replica is ready in the pool's region) then the remaining work. On
+  spot, the estimator's closed form for exponential spells (`costs.estimator`,
+  decision 020): w exp(rate R) + (exp(rate R) - 1) / rate, with R that start (the copy counted
+  in every restart: a small overstatement, a restart after an interruption finds the replica
+  in place), rate the pool's interruption rate times the gang's instances (any rank's
+  interruption moves them all) and w the work stretched by the work each interruption loses:
+  nothing when the emergency checkpoint fits the pool's notice, else half a checkpoint
+  interval on average.
+- locality: a ready replica in the pool's region spares the copy, so the start is shorter; the
+  factor (hours held with the copy / hours held without) is what a remote pool pays more.
+- substitute saving: a substitute carries operator, numerics and memory-mapping risk the user
+  did not ask for; it displaces an exact card with room only when it is expected to cost that
+  share less, more for a newer generation than for more memory, most for model parallel. At
+  equal cost the exact card wins.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from costs.estimator import expected_spot_held_hours
 from migration.compatibility import HardwareOption
 
-# A ready checkpoint replica in the pool's region saves a cross-region copy on restore.
-LOCALITY_BONUS = 0.05
-# Substitutes rank after the exact card (decision 031); among substitutes, a 1:1 card before
-# N cards in model parallel, which adds communication the job was not written for.
-SUBSTITUTE_RANK = {None: 0, "larger_memory": 1, "cross_generation": 1, "model_parallel": 2}
+ON_DEMAND = "on_demand"
+# Share of the exact card's expected cost a substitute must save to displace it (decision 032):
+# more memory on the same generation is the smallest step, a newer generation may change
+# numerics and kernels, N cards in model parallel add communication the job was not written for.
+SUBSTITUTE_SAVING: dict[str | None, float] = {
+    None: 0.0,
+    "larger_memory": 0.2,
+    "cross_generation": 0.3,
+    "model_parallel": 0.5,
+}
+# A kind the table does not know (a rule kind added later): the most cautious 1:1 figure.
+UNKNOWN_SUBSTITUTE_SAVING = 0.3
+# Copying a checkpoint between regions' stores: a cross-region object copy, ~100 MB/s.
+CROSS_REGION_GB_PER_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -36,7 +69,11 @@ class PoolView:
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """A job (a gang of `nodes` instances) looking for capacity in one market."""
+    """A job (a gang of `nodes` instances) looking for capacity in one market.
+
+    The defaults rank by price alone (one hour of work, free restarts, nothing lost), so a
+    caller that knows nothing of the job's progress still gets the cheapest pool.
+    """
 
     options: tuple[HardwareOption, ...]
     nodes: int
@@ -44,10 +81,15 @@ class PlacementRequest:
     max_price_per_hour: float | None = None
     replica_regions: frozenset[str] = field(default_factory=frozenset)
     requested: str = ""
-    # What is left to do, for the expected cost of finishing (1 hour ranks by price alone).
+    # What is left to do, for the expected cost of finishing.
     remaining_hours: float = 1.0
+    # Every start: provisioning, replica, start, restore and validation, without progress.
     restart_overhead_hours: float = 0.0
     checkpoint_interval_hours: float = 0.0
+    # Writing the emergency checkpoint: an interruption whose notice is shorter loses work.
+    save_seconds: float = 0.0
+    # Bringing the newest checkpoint to a region without a ready replica (0: nothing to copy).
+    copy_hours: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +97,7 @@ class PlacementChoice:
     pool: PoolView
     option: HardwareOption
     reason: str
+    expected_cost: float = 0.0
 
     @property
     def job_price_per_hour(self) -> float:
@@ -76,64 +119,111 @@ def _fits(pool: PoolView, option: HardwareOption) -> bool:
     )
 
 
+def _under_cap(pool: PoolView, request: PlacementRequest) -> bool:
+    cap = request.max_price_per_hour
+    return cap is None or pool.price_per_hour * request.nodes <= cap
+
+
+def has_replica(pool: PoolView, request: PlacementRequest) -> bool:
+    """No copy is needed: a replica is ready in the pool's region, or there is no checkpoint."""
+    return not request.replica_regions or pool.region in request.replica_regions
+
+
+def expected_hours_held(pool: PoolView, request: PlacementRequest, local: bool = True) -> float:
+    """Hours of the gang's instances held (and billed) to finish the remaining work on `pool`.
+
+    `local=False` prices the start as if the checkpoint had to be copied to the pool's region.
+    """
+    start = request.restart_overhead_hours
+    if not (local and has_replica(pool, request)):
+        start += request.copy_hours
+    if pool.market == ON_DEMAND:
+        return request.remaining_hours + start
+    lost = 0.0
+    if request.save_seconds > pool.notice_s:
+        lost = request.checkpoint_interval_hours / 2
+    return expected_spot_held_hours(
+        request.remaining_hours,
+        pool.interruption_rate_per_hour * request.nodes,
+        start,
+        lost_hours_per_interruption=lost,
+    )
+
+
 def expected_cost_to_finish(pool: PoolView, request: PlacementRequest) -> float:
-    """What finishing the remaining work on `pool` costs in expectation: the gang's price over
-    the remaining hours, stretched on spot by the work each interruption costs (a restart plus
-    on average half a checkpoint interval redone, at the pool's interruption rate for the whole
-    gang), the first-order form of the estimator's model (decision 020)."""
-    hours = request.remaining_hours
-    if pool.market != "on_demand":
-        rate = pool.interruption_rate_per_hour * request.nodes
-        per_interruption = request.restart_overhead_hours + request.checkpoint_interval_hours / 2
-        hours *= 1 + rate * per_interruption
-    return pool.price_per_hour * request.nodes * hours
+    """What finishing the remaining work on `pool` costs in expectation (inf: never finishes,
+    interruptions come faster than the lost work is redone)."""
+    return pool.price_per_hour * request.nodes * expected_hours_held(pool, request)
 
 
-def _score(pool: PoolView, option: HardwareOption, request: PlacementRequest) -> tuple[int, float]:
-    """Exact hardware first (a substitute carries operator and memory-mapping risk), then the
-    expected cost of finishing, a little lower where a checkpoint replica is ready."""
+def required_saving(option: HardwareOption) -> float:
+    """Share of the exact card's expected cost `option` must save to displace it."""
+    return SUBSTITUTE_SAVING.get(option.rule_kind, UNKNOWN_SUBSTITUTE_SAVING)
+
+
+def _score(cost: float, option: HardwareOption) -> float:
+    return cost / (1 - required_saving(option))
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    pool: PoolView
+    option: HardwareOption
+    cost: float  # expected cost to finish
+    score: float  # the cost, raised for a substitute by the saving it must bring
+    local: bool  # no checkpoint copy needed
+
+    @property
+    def key(self) -> tuple[float, bool, bool, int]:
+        # Equal scores: the exact card, then a ready replica, then the older pool, so the
+        # choice never depends on the order pools were listed in.
+        return (self.score, self.option.substitute, not self.local, self.pool.id)
+
+
+def _candidate(pool: PoolView, option: HardwareOption, request: PlacementRequest) -> _Candidate:
     cost = expected_cost_to_finish(pool, request)
-    if pool.region in request.replica_regions:
-        cost *= 1 - LOCALITY_BONUS
-    return SUBSTITUTE_RANK.get(option.rule_kind, 1), cost
+    return _Candidate(pool, option, cost, _score(cost, option), has_replica(pool, request))
 
 
-def cheapest_fit(request: PlacementRequest, pools: list[PoolView]) -> PoolView | None:
-    """The pool `choose_pool` would prefer if capacity were no object (exact card first, then
-    price under the cap): what the market would cost, even while it is full."""
-    fitting = [
+def _candidates(
+    request: PlacementRequest, pools: Iterable[PoolView]
+) -> list[tuple[PoolView, HardwareOption]]:
+    return [
         (pool, option)
         for pool in pools
         if pool.market == request.market
         for option in request.options
         if _fits(pool, option)
-        and (
-            request.max_price_per_hour is None
-            or pool.price_per_hour * request.nodes <= request.max_price_per_hour
-        )
     ]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda po: (_score(po[0], po[1], request), po[0].id))[0]
+
+
+def cheapest_fit(request: PlacementRequest, pools: list[PoolView]) -> PoolView | None:
+    """The pool `choose_pool` would prefer if capacity were no object (same score, under the
+    cap): what the market would cost, even while it is full."""
+    fitting = [
+        _candidate(pool, option, request)
+        for pool, option in _candidates(request, pools)
+        if _under_cap(pool, request)
+    ]
+    return min(fitting, key=lambda c: c.key).pool if fitting else None
 
 
 def choose_pool(request: PlacementRequest, pools: list[PoolView]) -> PlacementChoice | Rejection:
     """The best pool of `request.market` that fits the whole gang, or why there is none."""
-    matching = [
-        (pool, option)
-        for pool in pools
-        if pool.market == request.market
-        for option in request.options
-        if _fits(pool, option)
-    ]
+    return _rank(request, _candidates(request, pools), None)
+
+
+def _rank(
+    request: PlacementRequest,
+    matching: list[tuple[PoolView, HardwareOption]],
+    free: Mapping[int, int] | None,
+) -> PlacementChoice | Rejection:
+    """Filter `matching` (pool, option) pairs by cap and room, and take the best score.
+
+    `free` overrides the pools' own free capacity (place_many's running count)."""
     if not matching:
         return Rejection(f"no {request.market} pool has compatible hardware")
-    affordable = [
-        (pool, option)
-        for pool, option in matching
-        if request.max_price_per_hour is None
-        or pool.price_per_hour * request.nodes <= request.max_price_per_hour
-    ]
+    affordable = [(pool, option) for pool, option in matching if _under_cap(pool, request)]
     if not affordable:
         cheapest = min(pool.price_per_hour * request.nodes for pool, _ in matching)
         return Rejection(
@@ -141,26 +231,133 @@ def choose_pool(request: PlacementRequest, pools: list[PoolView]) -> PlacementCh
             f"{request.max_price_per_hour:.4f}/h (cheapest {cheapest:.4f}/h)",
             len(matching),
         )
-    free = [(pool, option) for pool, option in affordable if pool.free >= request.nodes]
-    if not free:
+    room = [
+        _candidate(pool, option, request)
+        for pool, option in affordable
+        if (pool.free if free is None else free[pool.id]) >= request.nodes
+    ]
+    if not room:
         return Rejection(
             f"all {len(affordable)} compatible {request.market} pools are full "
             f"(need {request.nodes} free instance(s))",
             len(affordable),
         )
-    pool, option = min(free, key=lambda po: (_score(po[0], po[1], request), po[0].id))
-    exact_full = option.substitute and any(not o.substitute for _, o in affordable)
+    best = min(room, key=lambda c: c.key)
+    pool = best.pool if free is None else replace(best.pool, free=free[best.pool.id])
+    reason = _reason(request, best, room, affordable)
+    return PlacementChoice(pool, best.option, reason, best.cost)
+
+
+def _money(value: float) -> str:
+    return "never finishing" if math.isinf(value) else f"${value:,.2f}"
+
+
+def _where(pool: PoolView) -> str:
+    return f"{pool.instance_type} in {pool.zone or pool.region}"
+
+
+def _hours(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+
+
+def _kind(option: HardwareOption) -> str:
+    return (option.rule_kind or "").replace("_", " ")
+
+
+def _reason(
+    request: PlacementRequest,
+    best: _Candidate,
+    room: list[_Candidate],
+    affordable: list[tuple[PoolView, HardwareOption]],
+) -> str:
+    """The choice in words, naming what decided it over the runner-up (and over a pool that
+    costs less per hour, when one lost)."""
+    pool, option = best.pool, best.option
+    market = request.market.replace("_", "-")
+    # "Cheapest" among the pools of its own kind: a cheaper substitute is answered below.
+    peers = [c for c in room if c.option.substitute == option.substitute]
+    cheapest = min(peers, key=lambda c: (c.pool.price_per_hour, c.key))
+    if len(room) == 1:
+        lead = f"only compatible {market} pool with room"
+    elif cheapest.pool.price_per_hour >= pool.price_per_hour:
+        lead = f"cheapest compatible {market} pool with room"
+    else:
+        lead = f"compatible {market} pool with the lowest expected cost to finish and room"
     reason = (
-        f"{'cheapest' if len(free) > 1 else 'only'} compatible {request.market} pool with room "
-        f"for {request.nodes} instance(s) among {len(free)}: {pool.instance_type} in "
-        f"{pool.zone or pool.region} at {pool.price_per_hour:.4f}/h per instance, "
-        f"{option.describe(request.requested or option.accelerator)}"
+        f"{lead} for {request.nodes} instance(s) among {len(room)}: {_where(pool)} at "
+        f"{pool.price_per_hour:.4f}/h per instance, "
+        f"{option.describe(request.requested or option.accelerator)}; expected "
+        f"{_money(best.cost)} to finish {_hours(request.remaining_hours)} of work"
     )
-    if exact_full:
-        reason = f"every exact {request.requested} pool is full, so a {reason}"
-    if pool.region in request.replica_regions:
+    requested = request.requested or request.options[0].accelerator
+    if option.substitute:
+        exact = [c for c in room if not c.option.substitute]
+        if exact:
+            rival = min(exact, key=lambda c: c.key)
+            reason += (
+                f"; it is expected to cost {1 - best.cost / rival.cost:.0%} less than the best "
+                f"exact pool ({_where(rival.pool)}, {_money(rival.cost)}), more than the "
+                f"{required_saving(option):.0%} a {_kind(option)} substitute must save"
+            )
+        elif any(not o.substitute for _, o in affordable):
+            reason = f"every exact {requested} pool is full, so the {reason}"
+        else:
+            reason = f"no exact {requested} {market} pool is within reach, so the {reason}"
+    others = [c for c in room if c.pool.id != best.pool.id]
+    if others:
+        runner_up = min(others, key=lambda c: c.key)
+        reason += _decider(request, best, runner_up)
+        if cheapest.pool.price_per_hour < pool.price_per_hour and cheapest is not runner_up:
+            reason += _dearer(request, best, cheapest)
+    if request.replica_regions and pool.region in request.replica_regions:
         reason += "; a checkpoint replica is ready in this region"
-    return PlacementChoice(pool, option, reason)
+    return reason
+
+
+def _decider(request: PlacementRequest, best: _Candidate, rival: _Candidate) -> str:
+    """What made `best` win over `rival`, the next best, when its price per hour did not."""
+    if not best.option.substitute and rival.option.substitute and rival.cost < best.cost:
+        return (
+            f"; the exact card is kept: a {_kind(rival.option)} substitute "
+            f"({_where(rival.pool)}) would cost {1 - rival.cost / best.cost:.0%} less, under "
+            f"the {required_saving(rival.option):.0%} it must save"
+        )
+    if best.option.substitute != rival.option.substitute:
+        return ""  # said before: the exact card has no room, or the substitute saves enough
+    if best.local and not rival.local:
+        hours = expected_hours_held(best.pool, request, local=False)
+        remote = best.pool.price_per_hour * request.nodes * hours
+        if _score(remote, best.option) >= rival.score:
+            return (
+                f"; the ready checkpoint replica decided: {_where(rival.pool)} would first "
+                f"copy it across regions ({_hours(request.copy_hours)})"
+            )
+    if best.pool.price_per_hour < rival.pool.price_per_hour:
+        return ""  # the cheaper pool won: the lead says so
+    return _dearer(request, best, rival)
+
+
+def _dearer(request: PlacementRequest, best: _Candidate, rival: _Candidate) -> str:
+    """Why `rival`, no dearer per hour than `best`, is expected to cost more to finish."""
+    why = []
+    if rival.pool.interruption_rate_per_hour > best.pool.interruption_rate_per_hour:
+        why.append(
+            f"is interrupted {rival.pool.interruption_rate_per_hour:.2f} times per hour "
+            f"against {best.pool.interruption_rate_per_hour:.2f}"
+        )
+    if request.save_seconds > rival.pool.notice_s and request.save_seconds <= best.pool.notice_s:
+        why.append(
+            f"its {rival.pool.notice_s:.0f} s notice is too short for the "
+            f"{request.save_seconds:.0f} s emergency checkpoint"
+        )
+    if best.local and not rival.local:
+        why.append(f"would first copy the checkpoint across regions ({_hours(request.copy_hours)})")
+    if not why:
+        return f"; {_where(rival.pool)} would cost as much and comes later in the list"
+    return (
+        f"; {_where(rival.pool)} costs {rival.pool.price_per_hour:.4f}/h but "
+        f"{' and '.join(why)}, so it is expected to cost {_money(rival.cost)} to finish"
+    )
 
 
 def place_many(
@@ -168,24 +365,23 @@ def place_many(
 ) -> list[PlacementChoice | Rejection]:
     """Place `requests` in the order given (callers put migrations first), each taking its
     gang's slots from the pools' free capacity before the next is placed, so no pool is ever
-    over-filled. Pools are indexed by hardware and market once, so each request looks only at
-    the pools that could fit it."""
+    over-filled. Pools are indexed by (accelerator, GPUs per instance, market) once, so each
+    request scores only the pools that could fit it."""
     free = {pool.id: pool.free for pool in pools}
     by_hardware: dict[tuple[str, int, str], list[PoolView]] = {}
     for pool in pools:
-        by_hardware.setdefault((pool.accelerator, pool.gpus_per_instance, pool.market), []).append(
-            pool
-        )
+        key = (pool.accelerator, pool.gpus_per_instance, pool.market)
+        by_hardware.setdefault(key, []).append(pool)
     results: list[PlacementChoice | Rejection] = []
     for request in requests:
-        candidates = {
-            pool.id: replace(pool, free=free[pool.id])
+        matching = [
+            (pool, option)
             for option in request.options
             for pool in by_hardware.get(
                 (option.accelerator, option.gpus_per_instance, request.market), ()
             )
-        }
-        result = choose_pool(request, list(candidates.values()))
+        ]
+        result = _rank(request, matching, free)
         if isinstance(result, PlacementChoice):
             free[result.pool.id] -= request.nodes
         results.append(result)

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from django.db.models import DurationField, ExpressionWrapper, F
 from django.utils import timezone
 
-from costs.estimator import DEFAULT_MIGRATION_OVERHEAD_HOURS
+from costs.estimator import (
+    DEFAULT_MIGRATION_OVERHEAD_HOURS,
+    DEFAULT_RESTORE_GB_PER_S,
+    DEFAULT_SAVE_GB_PER_S,
+    expected_cost_to_finish,
+)
 from costs.policies import MarketDecision, MarketSituation, decide_market, spot_pool_allowed
 from jobs.models import Job
 from migration.checkpoint import ManifestRef
 from migration.choices import CheckpointKind, CheckpointStatus, Market, MigrationPhase
-from migration.compatibility import Rule, hardware_options
+from migration.compatibility import HardwareOption, Rule, hardware_options
 from migration.events import serialize_event
 from migration.models import (
     CapacityPool,
@@ -25,6 +30,7 @@ from migration.models import (
     TimelineEvent,
 )
 from migration.placement import (
+    CROSS_REGION_GB_PER_S,
     PlacementChoice,
     PlacementRequest,
     PoolView,
@@ -110,7 +116,11 @@ def pool_views() -> list[PoolView]:
     ]
 
 
-def _request(job: Job, market: str) -> PlacementRequest:
+def _request(
+    job: Job, market: str, overhead_hours: float, replicas: frozenset[str] = frozenset()
+) -> PlacementRequest:
+    """The job as placement sees it: hardware options, gang, cap and what finishing takes
+    (the estimator's restart: the migration overhead plus the restore, decision 020)."""
     options = hardware_options(
         job.accelerator.name, job.gpus_per_node, compatibility_rules(), job.allow_model_parallel
     )
@@ -123,9 +133,11 @@ def _request(job: Job, market: str) -> PlacementRequest:
         max_price_per_hour=cap,
         requested=job.accelerator.name,
         remaining_hours=max(remaining_work_hours(job), 1e-6),
-        restart_overhead_hours=migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS),
+        restart_overhead_hours=overhead_hours + job.checkpoint_gb / DEFAULT_RESTORE_GB_PER_S / 3600,
         checkpoint_interval_hours=interval_s / 3600,
-        replica_regions=replica_regions(job),
+        save_seconds=job.checkpoint_gb / DEFAULT_SAVE_GB_PER_S,
+        copy_hours=job.checkpoint_gb / CROSS_REGION_GB_PER_S / 3600,
+        replica_regions=replica_regions(job) | replicas,
     )
 
 
@@ -146,16 +158,20 @@ def replica_regions(job: Job) -> frozenset[str]:
 @dataclass(frozen=True)
 class Prospects:
     """What placement sees for a job now: the pool it would take in each market (or why none
-    has room), and the pool each market would cost even while full (for prices and rates).
+    has room), and the pool each market would cost even while full.
 
-    The policy judges the pool placement would actually take: its price and interruption rate;
-    only when a market has no room are the figures those of its best full pool."""
+    The policy judges the pool placement would actually take: its price and interruption rate.
+    Only when a market has no room do the figures come from its best full pool, so the policy
+    can still weigh that market (balanced's expected costs) and say why it is out (the
+    conservative limit on interruptions); spot is then unavailable to it all the same."""
 
     spot: PlacementChoice | Rejection
     on_demand: PlacementChoice | Rejection
     spot_fit: PoolView | None
     on_demand_fit: PoolView | None
     nodes: int
+    spot_request: PlacementRequest | None = None
+    overhead_hours: float = DEFAULT_MIGRATION_OVERHEAD_HOURS
 
     def _judged(self, market: str) -> PoolView | None:
         chosen = self.spot if market == Market.SPOT else self.on_demand
@@ -174,28 +190,49 @@ class Prospects:
         fit = self._judged(Market.SPOT)
         return fit.interruption_rate_per_hour * self.nodes if fit else 0.0
 
+    @property
+    def lost_hours_per_interruption(self) -> float:
+        """Work an interruption of the judged spot pool loses: none when the emergency
+        checkpoint fits its notice, else half a checkpoint interval on average."""
+        fit, request = self._judged(Market.SPOT), self.spot_request
+        if fit is None or request is None or request.save_seconds <= fit.notice_s:
+            return 0.0
+        return request.checkpoint_interval_hours / 2
 
-def prospects(job: Job) -> Prospects:
-    """The candidate pools of both markets for `job` (saved or not), in one query.
+
+def prospects(
+    job: Job,
+    *,
+    pools: list[PoolView] | None = None,
+    exclude_pools: frozenset[int] = frozenset(),
+    replica_regions: frozenset[str] = frozenset(),
+) -> Prospects:
+    """The candidate pools of both markets for `job` (saved or not): one query for the pools
+    unless `pools` are given, none of `exclude_pools` (a pool being reclaimed), with
+    `replica_regions` counted as holding a ready replica besides those recorded.
 
     Spot pools the tolerance does not allow (too often interrupted for a conservative job) are
     never chosen; when no allowed pool fits at all, the best disallowed one still sets the
     figures, so the policy can say why spot is out.
     """
-    pools = pool_views()
+    views = [p for p in (pool_views() if pools is None else pools) if p.id not in exclude_pools]
     allowed = [
         p
-        for p in pools
+        for p in views
         if p.market != Market.SPOT
         or spot_pool_allowed(job.tolerance, p.interruption_rate_per_hour * job.nodes)
     ]
-    spot_request, od_request = _request(job, Market.SPOT), _request(job, Market.ON_DEMAND)
+    overhead = migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS)
+    spot_request = _request(job, Market.SPOT, overhead, replica_regions)
+    od_request = replace(spot_request, market=Market.ON_DEMAND)
     return Prospects(
         spot=choose_pool(spot_request, allowed),
-        on_demand=choose_pool(od_request, pools),
-        spot_fit=cheapest_fit(spot_request, allowed) or cheapest_fit(spot_request, pools),
-        on_demand_fit=cheapest_fit(od_request, pools),
+        on_demand=choose_pool(od_request, views),
+        spot_fit=cheapest_fit(spot_request, allowed) or cheapest_fit(spot_request, views),
+        on_demand_fit=cheapest_fit(od_request, views),
         nodes=job.nodes,
+        spot_request=spot_request,
+        overhead_hours=overhead,
     )
 
 
@@ -208,7 +245,8 @@ def _hours_between(later: datetime, earlier: datetime) -> float:
 
 
 def market_situation(job: Job, seen: Prospects, now: datetime | None = None) -> MarketSituation:
-    """The job and its prospects in the terms of the cost policies."""
+    """The job and its prospects in the terms of the cost policies: spot is available when a
+    spot pool has room for the gang, and its figures are that pool's."""
     now = now or timezone.now()
     created = job.created_at or now
     return MarketSituation(
@@ -219,7 +257,7 @@ def market_situation(job: Job, seen: Prospects, now: datetime | None = None) -> 
         on_demand_price_per_hour=seen.price(Market.ON_DEMAND),
         interruption_rate_per_hour=seen.interruption_rate,
         current_market=job.market or None,
-        restart_overhead_hours=migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS),
+        restart_overhead_hours=seen.overhead_hours,
         hours_to_deadline=_hours_between(job.deadline, now) if job.deadline else None,
         total_work_hours=job.expected_hours,
         total_hours_to_deadline=_hours_between(job.deadline, created) if job.deadline else None,
@@ -228,12 +266,26 @@ def market_situation(job: Job, seen: Prospects, now: datetime | None = None) -> 
         waited_for_spot_hours=_hours_between(now, job.waiting_since) if job.waiting_since else 0.0,
         max_wait_hours=job.max_wait_s / 3600,
         allow_on_demand=job.allow_on_demand_fallback and seen.on_demand_fit is not None,
+        lost_hours_per_interruption=seen.lost_hours_per_interruption,
     )
 
 
-def placement_decision(job: Job) -> tuple[PlacementChoice | None, MarketDecision, str]:
-    """Ask the cost policies which market, then take that market's pool (or say why not)."""
-    seen = prospects(job)
+def _sentence(text: str) -> str:
+    return f"{text[0].upper()}{text[1:]}."
+
+
+def placement_decision(
+    job: Job,
+    *,
+    replica_regions: frozenset[str] = frozenset(),
+    exclude_pools: frozenset[int] = frozenset(),
+) -> tuple[PlacementChoice | None, MarketDecision, str]:
+    """Ask the cost policies which market, judging the pools placement would take, then take
+    that market's pool (or say why not). `replica_regions` and `exclude_pools` as `prospects`.
+
+    A deadline at risk sends a job to on-demand; when every on-demand pool is full and spot
+    has room, the job runs on spot rather than spend its slack waiting."""
+    seen = prospects(job, exclude_pools=exclude_pools, replica_regions=replica_regions)
     if seen.spot_fit is None and seen.on_demand_fit is None:
         reason = f"{seen.spot.reason}; {seen.on_demand.reason}"
         return None, MarketDecision(Market.SPOT, reason, wait=True, rule="no_capacity"), reason
@@ -246,33 +298,81 @@ def placement_decision(job: Job) -> tuple[PlacementChoice | None, MarketDecision
         )
     else:
         decision = decide_market(market_situation(job, seen))
+    if decision.wait:
+        return None, decision, decision.reason
     chosen = seen.spot if decision.market == Market.SPOT else seen.on_demand
-    if decision.wait or not isinstance(chosen, PlacementChoice):
-        why = decision.reason if decision.wait else f"{decision.reason} But {chosen.reason}."
-        return None, decision, why
-    return chosen, decision, f"{decision.reason} {chosen.reason[0].upper()}{chosen.reason[1:]}."
+    if isinstance(chosen, PlacementChoice):
+        return chosen, decision, f"{decision.reason} {_sentence(chosen.reason)}"
+    if decision.rule == "safety_net" and isinstance(seen.spot, PlacementChoice):
+        reason = (
+            f"{decision.reason} But {chosen.reason}, and waiting spends slack while spot has "
+            f"room: {seen.spot.reason}."
+        )
+        return seen.spot, MarketDecision(Market.SPOT, reason, rule="safety_net_spot"), reason
+    return None, decision, f"{decision.reason} But {chosen.reason}."
 
 
-# Deadline rules that move a running job between markets (costs/policies.py).
-TO_ON_DEMAND_RULES = frozenset({"safety_net", "behind_plan"})
+# Policy rules that move a running job between markets (costs/policies.py): the deadline's
+# safety net, and the tolerance's own reasons to leave spot.
+TO_ON_DEMAND_RULES = frozenset(
+    {"safety_net", "behind_plan", "cheaper_on_demand", "conservative_rate"}
+)
 TO_SPOT_RULES = frozenset({"spot_with_slack"})
 
 
 def market_review(job: Job) -> MarketDecision | None:
-    """For a running job with a deadline: the decision to move it to the other market now
-    (spot -> on-demand when its slack no longer covers the work left plus restarts; back to
-    spot when the slack allows and spot has room), or None to stay."""
-    if job.deadline is None or job.on_demand_only or job.market not in Market.values:
+    """For a running job with a deadline: the decision to move it to the other market now, or
+    None to stay.
+
+    The market it runs in is judged by the pool it holds (it has room: the job is in it); the
+    other by the pool placement would take. Spot -> on-demand when the slack no longer covers
+    the work left plus the kept restarts (or the tolerance rules spot out); on-demand -> spot
+    when spot has room, the slack allows, and spot is expected to cost less to finish even
+    after paying the move's restart. Either way only when the target market has room."""
+    if job.deadline is None or job.on_demand_only or job.pool_id is None:
         return None
-    seen = prospects(job)
-    decision = decide_market(market_situation(job, seen))
+    if job.market not in (Market.SPOT, Market.ON_DEMAND):
+        return None
+    views = pool_views()
+    held = next((p for p in views if p.id == job.pool_id), None)
+    if held is None:
+        return None
+    seen = prospects(job, pools=views)
+    holding = PlacementChoice(
+        held,
+        HardwareOption(held.accelerator, held.gpus_per_instance),
+        f"the pool it runs in ({held.instance_type} in {held.zone or held.region})",
+    )
+    if job.market == Market.SPOT:
+        seen = replace(seen, spot=holding, spot_fit=held)
+    else:
+        seen = replace(seen, on_demand=holding, on_demand_fit=held)
+    situation = market_situation(job, seen)
+    decision = decide_market(situation)
     if decision.wait or decision.market == job.market:
         return None
-    if decision.market == Market.ON_DEMAND and decision.rule in TO_ON_DEMAND_RULES:
-        return decision if isinstance(seen.on_demand, PlacementChoice) else None
-    if decision.market == Market.SPOT and decision.rule in TO_SPOT_RULES:
-        return decision if isinstance(seen.spot, PlacementChoice) else None
-    return None
+    if decision.market == Market.ON_DEMAND:
+        ok = decision.rule in TO_ON_DEMAND_RULES and isinstance(seen.on_demand, PlacementChoice)
+        return decision if ok else None
+    if decision.rule not in TO_SPOT_RULES or not isinstance(seen.spot, PlacementChoice):
+        return None
+    spot, on_demand = expected_cost_to_finish(
+        situation.remaining_work_hours,
+        situation.spot_price_per_hour,
+        situation.on_demand_price_per_hour,
+        situation.interruption_rate_per_hour,
+        situation.restart_overhead_hours,
+        Market.ON_DEMAND,
+        situation.lost_hours_per_interruption,
+    )
+    if spot >= on_demand:
+        return None
+    return MarketDecision(
+        Market.SPOT,
+        f"{decision.reason} Spot is expected to cost ${spot:,.2f} to finish, on-demand "
+        f"${on_demand:,.2f}.",
+        rule=decision.rule,
+    )
 
 
 def open_migration(job: Job) -> Migration | None:

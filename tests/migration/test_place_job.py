@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs import services as job_services
 from jobs.models import Job
-from migration import services, sweeps
+from migration import selectors, services, sweeps
 from migration.models import CapacityPool, Instance, TimelineEvent
 from tests.conftest import submit
 
@@ -232,3 +232,145 @@ def test_pool_capacity_holds_when_jobs_are_placed_at_the_same_time(
     states = sorted(Job.objects.values_list("state", flat=True))
     assert set(states) == {"starting", "waiting"}  # every job decided, none lost or doubled
     assert Instance.objects.count() == states.count("starting")
+
+
+def fill(*pools: CapacityPool, capacity: int = 0) -> None:
+    CapacityPool.objects.filter(pk__in=[p.pk for p in pools]).update(capacity=capacity)
+
+
+def test_the_policy_judges_the_spot_pool_with_room_not_a_cheaper_full_one(
+    catalogue: Any, alice: Any
+) -> None:
+    pools = catalogue["pools"]
+    fill(pools["t4_spot"])  # the cheapest and calmest spot pool, but full
+    CapacityPool.objects.filter(market="spot").exclude(pk=pools["t4_spot"].pk).update(
+        interruption_rate_per_hour=30.0
+    )
+    job = submit(alice, catalogue, tolerance="balanced")
+
+    choice, decision, reason = selectors.placement_decision(job)
+
+    assert decision.rule == "cheaper_on_demand"
+    assert "30.00 interruptions per hour" in decision.reason
+    assert choice is not None and choice.pool.id == pools["t4_od"].pk
+    assert reason.startswith(decision.reason)
+
+
+def test_with_no_spot_room_spot_is_unavailable_to_the_policy(catalogue: Any, alice: Any) -> None:
+    pools = catalogue["pools"]
+    fill(pools["t4_spot"], pools["t4_spot_west"], pools["a10g_spot"])
+    aggressive = submit(alice, catalogue, tolerance="aggressive", max_wait_s=600)
+
+    choice, decision, _reason = selectors.placement_decision(aggressive)
+
+    assert choice is None and decision.wait and decision.rule == "wait_for_spot"
+    Job.objects.filter(pk=aggressive.pk).update(
+        waiting_since=timezone.now() - timedelta(minutes=11)
+    )
+    aggressive.refresh_from_db()
+    choice, decision, _reason = selectors.placement_decision(aggressive)
+    assert decision.rule == "max_wait" and choice is not None
+    assert choice.pool.id == pools["t4_od"].pk
+
+
+def test_a_deadline_at_risk_takes_spot_with_room_when_on_demand_is_full(
+    catalogue: Any, alice: Any
+) -> None:
+    fill(catalogue["pools"]["t4_od"])
+    job = submit(
+        alice,
+        catalogue,
+        tolerance="aggressive",
+        expected_hours=2.0,
+        deadline=timezone.now() + timedelta(hours=2, minutes=5),
+    )
+
+    services.place_job(job.pk)
+
+    job.refresh_from_db()
+    assert job.state == "starting" and job.market == "spot"
+    event = TimelineEvent.objects.get(job=job, kind="placement_decided").data
+    assert event["policy"] == "safety_net_spot"
+    assert "Deadline at risk" in event["reason"] and "waiting spends slack" in event["reason"]
+
+
+def test_placement_leaves_out_excluded_pools_and_weighs_the_checkpoint_copy(
+    catalogue: Any, alice: Any
+) -> None:
+    pools = catalogue["pools"]
+    job = submit(alice, catalogue, expected_hours=1.0, checkpoint_gb=200.0)
+
+    choice, _decision, _reason = selectors.placement_decision(
+        job, exclude_pools=frozenset({pools["t4_spot"].pk, pools["a10g_spot"].pk})
+    )
+    near, _decision, reason = selectors.placement_decision(
+        job, replica_regions=frozenset({"us-west-2"})
+    )
+
+    assert choice is not None and choice.pool.id == pools["t4_spot_west"].pk
+    # 200 GB would take 33 min to copy to us-east-1: the replica's region wins at 0.20/h.
+    assert near is not None and near.pool.id == pools["t4_spot_west"].pk
+    assert "the ready checkpoint replica decided" in reason
+
+
+def running(job: Job, pool: CapacityPool, **fields: Any) -> Job:
+    Job.objects.filter(pk=job.pk).update(state="running", pool=pool, market=pool.market, **fields)
+    job.refresh_from_db()
+    return job
+
+
+def test_a_spot_job_on_plan_stays_on_spot_while_other_spot_pools_are_full(
+    catalogue: Any, alice: Any
+) -> None:
+    pools = catalogue["pools"]
+    job = submit(alice, catalogue, tolerance="aggressive", expected_hours=10.0)
+    services.place_job(job.pk)
+    fill(pools["t4_spot"], capacity=1)  # the job's own instance is the pool's last slot
+    fill(pools["t4_spot_west"], pools["a10g_spot"])
+    # Behind its uniform plan (10 h of work, 20 h left of a 30 h window) but running on spot:
+    # the pool it holds is spot with room, so nothing calls for on-demand.
+    now = timezone.now()
+    job = running(
+        job,
+        pools["t4_spot"],
+        created_at=now - timedelta(hours=10),
+        deadline=now + timedelta(hours=20),
+    )
+
+    assert selectors.market_review(job) is None
+
+
+def test_an_on_demand_job_with_slack_returns_to_spot_only_when_spot_costs_less(
+    catalogue: Any, alice: Any
+) -> None:
+    pools = catalogue["pools"]
+    job = submit(
+        alice,
+        catalogue,
+        tolerance="aggressive",
+        expected_hours=10.0,
+        deadline=timezone.now() + timedelta(hours=30),
+    )
+    job = running(job, pools["t4_od"])
+
+    decision = selectors.market_review(job)
+
+    assert decision is not None and decision.market == "spot"
+    assert decision.rule == "spot_with_slack" and "expected to cost" in decision.reason
+    CapacityPool.objects.filter(market="spot").update(interruption_rate_per_hour=30.0)
+    assert selectors.market_review(job) is None
+
+
+def test_a_spot_job_whose_slack_is_gone_is_told_to_move_to_on_demand(
+    catalogue: Any, alice: Any
+) -> None:
+    pools = catalogue["pools"]
+    job = submit(alice, catalogue, tolerance="balanced", expected_hours=10.0)
+    job = running(job, pools["t4_spot"], deadline=timezone.now() + timedelta(hours=10, minutes=5))
+
+    decision = selectors.market_review(job)
+
+    assert decision is not None and decision.market == "on_demand"
+    assert decision.rule == "safety_net"
+    fill(pools["t4_od"])
+    assert selectors.market_review(job) is None  # no on-demand room: it stays where it runs
