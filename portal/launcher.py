@@ -104,18 +104,25 @@ class Launcher:
         return False
 
     def stop(self, *_: object) -> None:
-        """Beat and the workers first (nothing new is placed or launched), then every local
-        instance (SIGTERM: its agent takes an emergency checkpoint and reports it to the web
-        server, still up), then the web server and Redis."""
+        """Beat and the workers first, then every local instance, then the web server and
+        Redis.
+
+        The workers go before the instances: an instance that stops is a job that migrates,
+        and a worker still up would place it and launch its next instances while we end them.
+        The web server stays up: the agents report their emergency checkpoints to it (what a
+        worker would do with those reports is queued for the next start)."""
         if self.stopping:
             return
         self.stopping = True
         logger.info("stopping...")
         web = [c for c in self.children if c.name == "web"]
         self._stop_children([c for c in self.children if c.name != "web"])
-        ended = localproc.end_all(self.home / "instances", grace_s=INSTANCE_STOP_GRACE_S)
+        instances = self.home / "instances"
+        if localproc.members(instances):
+            logger.info("stopping local instances (up to %.0f s)...", INSTANCE_STOP_GRACE_S)
+        ended = localproc.end_all(instances, grace_s=INSTANCE_STOP_GRACE_S)
         if ended:
-            logger.info("ended %d local instance(s)", len(ended))
+            logger.info("ended %d local instance(s): %s", len(ended), ", ".join(ended))
         self._stop_children(web)
         if self.redis and self.redis.poll() is None:
             self.redis.terminate()

@@ -35,19 +35,23 @@ class CapacityBackend(Protocol):
     name: str
 
     def launch(self, instance: Instance, agent: AgentSpec) -> str:
-        """Start the instance's agent after `agent.delay_s`; returns the backend's id."""
+        """Start the instance's agent after `agent.delay_s`; returns the backend's id (local:
+        the pid; EC2: the instance id). A second call for a live instance starts nothing."""
         ...
 
     def release(self, instance: Instance, grace_s: float = 0.0) -> None:
-        """End the instance: at once (grace 0), or a stop request then the end after
-        `grace_s`. Idempotent."""
+        """End the instance: at once (grace 0, as a cloud reclaims), or a stop request (the
+        agent's SIGTERM) and the end after `grace_s`, without blocking the caller for it.
+        Idempotent, also for an instance that is already gone."""
         ...
 
-    def describe(self, instance: Instance) -> BackendStatus: ...
+    def describe(self, instance: Instance) -> BackendStatus:
+        """Whether the machine is still being provisioned, runs its agent, or is gone."""
+        ...
 
 
-class BackendUnavailable(RuntimeError):
-    """The pool names a backend this installation cannot drive."""
+class BackendUnavailable(NotImplementedError):
+    """The pool names a backend this installation cannot drive (yet)."""
 
 
 def instance_dir(instance_id: int) -> Path:
@@ -62,11 +66,14 @@ def provisioning_delay(pool: CapacityPool) -> float:
 
 
 def get_backend(name: str) -> CapacityBackend:
+    """The backend a pool names (`CapacityPool.backend`)."""
     if name == "local":
         from migration.backends.local import LocalBackend
 
         return LocalBackend()
-    raise BackendUnavailable(
-        f"the {name!r} capacity backend is not available in this installation; "
-        "pools must use the local backend"
-    )
+    if name == "aws":
+        raise BackendUnavailable(
+            "the 'aws' capacity backend (EC2 through boto3) is not implemented yet; "
+            "pools must use the local backend"
+        )
+    raise BackendUnavailable(f"there is no capacity backend named {name!r}")

@@ -1,5 +1,6 @@
-"""The local backend: every instance is an agent process group on this machine, in its own
-folder `BATON_HOME/instances/<id>/` (see `localproc` for how processes are handled)."""
+"""The local backend: every instance is an agent process tree on this machine, in its own
+folder `BATON_HOME/instances/<id>/` (see `localproc` for how its processes are found and
+which of them may be signalled)."""
 
 from __future__ import annotations
 
@@ -17,27 +18,26 @@ class LocalBackend:
     def launch(self, instance: Instance, agent: AgentSpec) -> str:
         folder = instance_dir(instance.pk)
         running = localproc.read_pid(folder)
-        if running is not None and localproc.is_ours(running, str(instance.pk)):
+        if running is not None and localproc.is_ours(running, folder):
             return str(running)  # launched already: never a second agent for one instance
         environ = localproc.agent_environment(
             {**agent.environ, "BATON_INSTANCE_ID": str(instance.pk)}
         )
         return str(localproc.spawn(folder, agent.argv, environ, agent.delay_s))
 
-    def _pid(self, instance: Instance) -> int | None:
-        if instance.backend_id.isdigit():
-            return int(instance.backend_id)
-        return localproc.read_pid(instance_dir(instance.pk))
-
     def release(self, instance: Instance, grace_s: float = 0.0) -> None:
-        pid = self._pid(instance)
-        if pid is not None:
-            localproc.stop(pid, str(instance.pk), grace_s)
+        localproc.stop(instance_dir(instance.pk), grace_s)
 
     def describe(self, instance: Instance) -> BackendStatus:
-        pid = self._pid(instance)
-        if pid is None or not localproc.is_ours(pid, str(instance.pk)):
-            return BackendStatus("gone", "no process")
+        """From the instance's first process alone (the sweep asks this of every running
+        instance every few seconds): without its agent an instance is gone, whatever it left
+        behind; `release` ends that."""
+        folder = instance_dir(instance.pk)
+        pid = localproc.read_pid(folder)
+        if pid is None and instance.backend_id.isdigit():
+            pid = int(instance.backend_id)
+        if pid is None or not localproc.is_ours(pid, folder):
+            return BackendStatus("gone", "no agent process")
         if localproc.still_waiting(pid):
             return BackendStatus("provisioning", f"pid {pid}, waiting out the delay")
         return BackendStatus("running", f"pid {pid}")

@@ -3,10 +3,12 @@ agent's own client reads them over HTTP."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core import signing
 from django.test import Client
 from django.utils import timezone
 
@@ -66,7 +68,7 @@ def test_a_wrong_key_or_another_instances_token_finds_nothing(
 @pytest.mark.django_db
 def test_a_token_needs_a_valid_lifetime(instance: Instance) -> None:
     client = Client()
-    for ttl in ("", "0", "21601", "soon"):
+    for ttl in ("", "0", "21601", "soon", "\u00b2", "-5"):
         answer = client.put(
             f"{base(instance)}/api/token",
             HTTP_X_AWS_EC2_METADATA_TOKEN_TTL_SECONDS=ttl,
@@ -95,6 +97,65 @@ def test_notices_appear_at_their_times(instance: Instance) -> None:
     document = client.get(final, **headers).json()  # type: ignore[arg-type]
     assert document["action"] == "terminate"
     assert document["time"] == instance.reclaim_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.django_db
+def test_a_token_stops_working_when_its_lifetime_is_over(instance: Instance) -> None:
+    client = Client()
+    answer = client.put(
+        f"{base(instance)}/api/token", HTTP_X_AWS_EC2_METADATA_TOKEN_TTL_SECONDS="1"
+    )
+    headers = {"HTTP_X_AWS_EC2_METADATA_TOKEN": answer.content.decode()}
+    final = f"{base(instance)}/meta-data/spot/instance-action"
+    assert answer["X-aws-ec2-metadata-token-ttl-seconds"] == "1"
+    assert client.get(final, **headers).status_code == 404  # type: ignore[arg-type]
+
+    time.sleep(1.1)
+
+    assert client.get(final, **headers).status_code == 401  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db
+def test_an_unknown_instance_or_a_forged_token_finds_nothing(instance: Instance) -> None:
+    client = Client()
+    unknown = 10**9
+    put = client.put(f"/imds/{unknown}/{metadata_key(unknown)}/latest/api/token", **TOKEN_TTL)  # type: ignore[arg-type]
+    answer = client.get(
+        f"/imds/{unknown}/{metadata_key(unknown)}/latest/meta-data/spot/instance-action",
+        HTTP_X_AWS_EC2_METADATA_TOKEN=put.content.decode(),
+    )
+    forged = client.get(
+        f"{base(instance)}/meta-data/spot/instance-action",
+        HTTP_X_AWS_EC2_METADATA_TOKEN=signing.dumps(
+            {"i": instance.pk, "exp": 2e9}, key="not-the-secret", salt="baton.imds.token"
+        ),
+    )
+
+    assert answer.status_code == 404
+    assert forged.status_code == 401
+
+
+@pytest.mark.django_db
+def test_an_instance_baton_has_ended_answers_the_final_notice(instance: Instance) -> None:
+    client = Client()
+    headers = {"HTTP_X_AWS_EC2_METADATA_TOKEN": token(client, instance)}
+    ended = timezone.now()
+    Instance.objects.filter(pk=instance.pk).update(state="released", ended_at=ended)
+
+    document = client.get(f"{base(instance)}/meta-data/spot/instance-action", **headers).json()  # type: ignore[arg-type]
+
+    assert document == {"action": "terminate", "time": ended.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+@pytest.mark.django_db
+def test_a_poll_costs_one_query(instance: Instance, django_assert_num_queries: Any) -> None:
+    client = Client()
+    headers = {"HTTP_X_AWS_EC2_METADATA_TOKEN": token(client, instance)}
+
+    with django_assert_num_queries(1):
+        client.get(f"{base(instance)}/meta-data/spot/instance-action", **headers)  # type: ignore[arg-type]
+    with django_assert_num_queries(0):
+        client.put(f"{base(instance)}/api/token", **TOKEN_TTL)  # type: ignore[arg-type]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -52,17 +52,45 @@ def test_each_process_logs_to_its_own_file(stack: Any) -> None:
     assert {"web.log", "worker-placement.log", "worker-data.log", "beat.log"} <= logs
 
 
-def test_sigterm_stops_every_child(stack: Any) -> None:
+# A stand-in agent launched through the local backend: like the real one, it starts its
+# workload in a session of its own and passes a SIGTERM on to it.
+STAND_IN_AGENT = (
+    "import os, signal, subprocess, sys, time; "
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+    "start_new_session=True); "
+    "open('workload', 'w').write(str(w.pid)); "
+    "signal.signal(signal.SIGTERM, lambda *_: (os.killpg(w.pid, signal.SIGTERM), w.wait(), "
+    "sys.exit(0))); "
+    "time.sleep(600)"
+)
+
+
+def test_sigterm_stops_every_child_and_every_local_instance(stack: Any) -> None:
     """Stops the session's stack (the next test that needs one starts another)."""
+    launched = stack.manage(
+        "shell",
+        "-c",
+        "import sys; from migration.backends import AgentSpec, get_backend; "
+        "from migration.models import Instance; "
+        "print(get_backend('local').launch(Instance(pk=900001), "
+        f"AgentSpec([sys.executable, '-c', {STAND_IN_AGENT!r}], {{}}, 0.0)))",
+    )
+    agent = int(launched.strip().splitlines()[-1])
+    workload_file = stack.home / "instances" / "900001" / "workload"
+    workload = int(wait_until(lambda: workload_file.exists() and workload_file.read_text()))
     pids = _descendants(stack.proc.pid)
     assert len(pids) >= 4  # web, two workers, beat (and the workers' pool processes)
 
     os.killpg(stack.proc.pid, signal.SIGTERM)
-    stack.proc.wait(30)
+    stack.proc.wait(60)
     time.sleep(0.5)
 
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in [*pids, agent, workload] if _alive(pid)] == []
     assert stack.proc.returncode == 0
+    ended = next(
+        line for line in (stack.home / "launcher.log").read_text().splitlines() if "ended" in line
+    )
+    assert "900001" in ended
 
 
 def _descendants(root: int) -> list[int]:
