@@ -112,14 +112,19 @@ def test_a_balanced_job_takes_on_demand_when_spot_is_expected_to_cost_more(
     )
 
 
-def test_a_deadline_without_slack_goes_straight_to_on_demand(catalogue: Any, alice: Any) -> None:
-    job = submit(
+def tight_deadline_job(alice: Any, catalogue: Any) -> Any:
+    """Two hours of work, five minutes of slack: no room for a restart."""
+    return submit(
         alice,
         catalogue,
         tolerance="aggressive",
         expected_hours=2.0,
         deadline=timezone.now() + timedelta(hours=2, minutes=5),
     )
+
+
+def test_a_deadline_without_slack_goes_straight_to_on_demand(catalogue: Any, alice: Any) -> None:
+    job = tight_deadline_job(alice, catalogue)
 
     services.place_job(job.pk)
 
@@ -277,13 +282,7 @@ def test_a_deadline_at_risk_takes_spot_with_room_when_on_demand_is_full(
     catalogue: Any, alice: Any
 ) -> None:
     fill(catalogue["pools"]["t4_od"])
-    job = submit(
-        alice,
-        catalogue,
-        tolerance="aggressive",
-        expected_hours=2.0,
-        deadline=timezone.now() + timedelta(hours=2, minutes=5),
-    )
+    job = tight_deadline_job(alice, catalogue)
 
     services.place_job(job.pk)
 
