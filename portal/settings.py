@@ -198,6 +198,8 @@ CELERY_BEAT_SCHEDULE = {
     "simulate-market": {
         "task": "migration.tasks.simulate_market_task",
         "schedule": env_float("BATON_MARKET_TICK_SECONDS", 1.0, minimum=0.1),
+        # A tick left in a busy queue is dropped, not run in a burst with the next ones.
+        "options": {"expires": env_float("BATON_MARKET_TICK_SECONDS", 1.0, minimum=0.1)},
     },
     "refresh-spot-prices": {
         "task": "costs.tasks.refresh_spot_prices_task",
@@ -247,15 +249,37 @@ BATON_PROVISIONING_DELAY_S: float | None = (
     env_float("BATON_PROVISIONING_DELAY_S", 0.0, minimum=0.0) if _delay else None
 )
 
-# The market simulator (beat): 0 = off; N = N simulated seconds per wall second (3600: an
-# hour a second). Pools preempt at their interruption rate, or replay the traces of
-# BATON_MARKET_TRACES (a folder in the shared trace format) matched by region and card.
+# The market simulator (beat, migration/market_tick.py): 0 = off, nothing is preempted but by
+# hand; N = N simulated seconds per wall second (3600: an hour a second). Spot pools preempt
+# at their interruption rate, or replay the traces BATON_MARKET_TRACES names.
 BATON_MARKET_TIME_SCALE = env_float("BATON_MARKET_TIME_SCALE", 0.0, minimum=0.0)
-BATON_MARKET_TRACES = (
-    env_path("BATON_MARKET_TRACES", BASE_DIR) if env_str("BATON_MARKET_TRACES") else None
-)
+# The same variable as the beat entry's schedule: the service bounds a tick by it.
+BATON_MARKET_TICK_SECONDS = env_float("BATON_MARKET_TICK_SECONDS", 1.0, minimum=0.1)
 _market_seed = env_str("BATON_MARKET_SEED")
 BATON_MARKET_SEED: int | None = env_int("BATON_MARKET_SEED", 0) if _market_seed else None
+
+
+def _market_traces(name: str) -> list[tuple[str, Path]]:
+    """Comma-separated entries, each `KEY=FILE` (KEY: a pool id, a zone or an instance type)
+    or a bare file or folder of traces named `<zone>_<card>_<nodes>.json`, matched to spot
+    pools by zone and card, else by region and card. Relative paths start at the project."""
+    entries = []
+    for entry in env_list(name, []):
+        key, is_pair, raw = (part.strip() for part in entry.partition("="))
+        if not is_pair:
+            key, raw = "", key
+        if is_pair and not (key and raw):
+            raise ConfigError(f"{name}: {entry!r} is not KEY=FILE")
+        path = Path(raw).expanduser()
+        path = (path if path.is_absolute() else BASE_DIR / path).resolve()
+        if not (path.is_file() or (not key and path.is_dir())):
+            wanted = "trace file" if key else "trace file or folder"
+            raise ConfigError(f"{name}: {entry!r}: no {wanted} at {path}")
+        entries.append((key, path))
+    return entries
+
+
+BATON_MARKET_TRACES = _market_traces("BATON_MARKET_TRACES")
 
 # --- the migration orchestrator ---------------------------------------------------------------
 # What every local agent is told: how often to poll its metadata endpoint for notices and to
