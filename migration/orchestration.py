@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from jobs.choices import JobState
 from jobs.lifecycle import is_finished, set_state
@@ -329,24 +330,29 @@ def _broadcast_notice(
 ) -> None:
     """A gang moves together: the other ranks' metadata endpoints show the same notice."""
     now = timezone.now()
-    others = _current_ranks(job, migration).exclude(pk=source.pk)
     if final:
-        reclaim = source.reclaim_at or _parse(deadline) or now + timedelta(seconds=120)
-        others.filter(final_notice_at__isnull=True).update(final_notice_at=now, reclaim_at=reclaim)
-        for other in others:
-            enqueue_on_commit(
-                "migration.tasks.reclaim_instance_task",
-                other.pk,
-                countdown=max(0.0, (reclaim - now).total_seconds()),
-            )
+        reclaim = source.reclaim_at or (parse_datetime(deadline) if deadline else None)
+        _final_notice_to_others(job, migration, source, reclaim or now + timedelta(seconds=120))
     else:
+        others = _current_ranks(job, migration).exclude(pk=source.pk)
         others.filter(advance_notice_at__isnull=True).update(advance_notice_at=now)
 
 
-def _parse(text: str | None) -> datetime | None:
-    from django.utils.dateparse import parse_datetime
-
-    return parse_datetime(text) if text else None
+def _final_notice_to_others(
+    job: Job, migration: Migration, source: Instance | None, reclaim_at: datetime | None
+) -> None:
+    """The gang's other ranks get a final notice now (once) and are reclaimed at `reclaim_at`,
+    or after their pool's final window."""
+    now = timezone.now()
+    others = _current_ranks(job, migration).filter(final_notice_at__isnull=True)
+    if source is not None:
+        others = others.exclude(pk=source.pk)
+    for other in others.select_related("pool"):
+        other.final_notice_at = now
+        other.reclaim_at = reclaim_at or now + timedelta(seconds=other.pool.final_window_s)
+        other.save(update_fields=["final_notice_at", "reclaim_at"])
+        countdown = max(0.0, (other.reclaim_at - now).total_seconds())
+        enqueue_on_commit("migration.tasks.reclaim_instance_task", other.pk, countdown=countdown)
 
 
 def _pre_reserve(job: Job, migration: Migration) -> dict[str, Any] | None:
@@ -434,7 +440,8 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
         )
     if job.state in (JobState.RUNNING, JobState.STARTING):
         set_state(job, JobState.MIGRATING)
-    _stop_other_ranks(job, migration)
+    # A gang cannot go on without a rank: the others are told to checkpoint and go.
+    _final_notice_to_others(job, migration, None, None)
     if not _current_ranks(job, migration).exists():
         _released(job, migration, reason)
 
@@ -451,18 +458,6 @@ def _start_again(job: Job, migration: Migration, why: str) -> None:
         set_state(job, JobState.MIGRATING)
     logger.warning("job %s: %s; placing it again", job.pk, why)
     enqueue_on_commit("migration.tasks.place_job_task", job.pk)
-
-
-def _stop_other_ranks(job: Job, migration: Migration) -> None:
-    """A gang cannot go on without a rank: the others get a final notice now (an emergency
-    checkpoint is still worth trying) and are reclaimed after the pool's window."""
-    now = timezone.now()
-    for other in _current_ranks(job, migration).filter(final_notice_at__isnull=True):
-        window = other.pool.final_window_s
-        other.final_notice_at = now
-        other.reclaim_at = now + timedelta(seconds=window)
-        other.save(update_fields=["final_notice_at", "reclaim_at"])
-        enqueue_on_commit("migration.tasks.reclaim_instance_task", other.pk, countdown=window)
 
 
 def _released(job: Job, migration: Migration, reason: str) -> None:
@@ -550,17 +545,17 @@ def awareness_lost(job: Job, instance: Instance, why: str) -> None:
 def on_started(job: Job, instance: Instance) -> None:
     """An agent's first report. The job runs once every rank has started and, after a
     migration from a checkpoint, every rank's restore has been validated."""
+    migration = open_migration(job)
     record_event(
         job,
         TimelineKind.INSTANCE_STARTED,
         {"instance": instance.pk, "rank": instance.rank, "pool": instance.pool_id},
-        migration=open_migration(job),
+        migration=migration,
     )
     if job.state != JobState.STARTING:
         return
     if Instance.objects.filter(job=job, state=InstanceState.PROVISIONING).exists():
         return
-    migration = open_migration(job)
     if migration is None or migration.checkpoint_id is None:
         _running(job, migration)
     else:

@@ -124,6 +124,16 @@ def submit(owner: Any, catalogue: dict[str, Any], accelerator: str = "T4", **fie
     )
 
 
+def placed_instance(owner: Any, catalogue: dict[str, Any], **fields: Any) -> Any:
+    """The one instance of a job submitted and placed (not launched) for `owner`."""
+    from migration.models import Instance
+    from migration.services import place_job
+
+    job = submit(owner, catalogue, **fields)
+    place_job(job.pk)
+    return Instance.objects.get(job=job)
+
+
 def job_body(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": "mnist",

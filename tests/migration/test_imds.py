@@ -12,20 +12,17 @@ from django.core import signing
 from django.test import Client
 from django.utils import timezone
 
-from migration import services
 from migration.agent.metadata import MetadataClient
 from migration.imds import metadata_key, metadata_url
 from migration.models import Instance
-from tests.conftest import submit
+from tests.conftest import placed_instance
 
 TOKEN_TTL = {"HTTP_X_AWS_EC2_METADATA_TOKEN_TTL_SECONDS": "600"}
 
 
 @pytest.fixture
 def instance(catalogue: Any, alice: Any) -> Instance:
-    job = submit(alice, catalogue)
-    services.place_job(job.pk)
-    return Instance.objects.get(job=job)
+    return placed_instance(alice, catalogue)
 
 
 def base(instance: Instance) -> str:
@@ -51,9 +48,7 @@ def test_a_wrong_key_or_another_instances_token_finds_nothing(
 ) -> None:
     client = Client()
     wrong = client.put(f"/imds/{instance.pk}/{'0' * 32}/latest/api/token", **TOKEN_TTL)  # type: ignore[arg-type]
-    other = submit(alice, catalogue)
-    services.place_job(other.pk)
-    stranger = Instance.objects.get(job=other)
+    stranger = placed_instance(alice, catalogue)
     stolen = token(client, stranger)
 
     answer = client.get(
@@ -163,9 +158,7 @@ def test_the_agents_own_client_reads_both_notices_over_http(
     live_server: Any, catalogue: Any, alice: Any, settings: Any
 ) -> None:
     settings.BATON_PUBLIC_URL = live_server.url
-    job = submit(alice, catalogue)
-    services.place_job(job.pk)
-    instance = Instance.objects.get(job=job)
+    instance = placed_instance(alice, catalogue)
     client = MetadataClient(metadata_url(instance.pk))
     assert client.advance_notice() is None
     assert client.final_notice(120) is None

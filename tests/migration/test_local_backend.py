@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from migration import services
 from migration.backends import (
     AgentSpec,
     get_backend,
@@ -25,7 +24,7 @@ from migration.backends import (
     provisioning_delay,
 )
 from migration.models import Instance
-from tests.conftest import ROOT, submit, wait_until
+from tests.conftest import ROOT, placed_instance, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -56,9 +55,7 @@ def instance_root(settings: Any, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def instance(catalogue: Any, alice: Any) -> Instance:
-    job = submit(alice, catalogue)
-    services.place_job(job.pk)
-    return Instance.objects.get(job=job)
+    return placed_instance(alice, catalogue)
 
 
 def alive(pid: int) -> bool:
