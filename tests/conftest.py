@@ -16,10 +16,17 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from hypothesis import settings as hypothesis_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# CI explores the same examples on every run, so a landing never hangs on a new random draw;
+# local runs keep exploring (and keep what they find in .hypothesis/).
+hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture
