@@ -304,3 +304,31 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("BATON_LOG_LEVEL", "INFO")},
     "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }
+# --- checkpoint stores, replication and retention ----------------------------------------------
+
+
+def _region_pairs(name: str, schemes: tuple[str, ...]) -> dict[str, str]:
+    """Comma-separated `REGION=URL` entries, each URL starting with one of `schemes`."""
+    pairs: dict[str, str] = {}
+    for entry in env_list(name, []):
+        region, is_pair, url = (part.strip() for part in entry.partition("="))
+        if not (is_pair and region and url):
+            raise ConfigError(f"{name}: {entry!r} is not REGION=URL")
+        if url.split("://", 1)[0] not in schemes or "://" not in url:
+            wanted = ", ".join(f"{scheme}://" for scheme in schemes)
+            raise ConfigError(f"{name}: {entry!r}: the URL must start with one of {wanted}")
+        pairs[region] = url.rstrip("/")
+    return pairs
+
+
+# Each region's checkpoint store: a folder under BATON_STORE_ROOT unless named here
+# (`us-east-1=s3://bucket/prefix,eu-west-1=file:///mnt/ckpt`); S3 endpoints per region, else
+# BATON_S3_ENDPOINT, else AWS itself. Every job's checkpoints sit inside its project's folder.
+BATON_REGION_STORES = _region_pairs("BATON_REGION_STORES", ("file", "s3"))
+BATON_REGION_S3_ENDPOINTS = _region_pairs("BATON_REGION_S3_ENDPOINTS", ("http", "https"))
+BATON_S3_ENDPOINT = env_str("BATON_S3_ENDPOINT")
+# After a checkpoint commits, copies go to the K regions the job is most likely to land in next.
+BATON_REPLICAS = env_int("BATON_REPLICAS", 2, minimum=0)
+# Retention: the last N committed checkpoints of a job (plus its newest emergency one) are kept.
+BATON_KEEP_CHECKPOINTS = env_int("BATON_KEEP_CHECKPOINTS", 3, minimum=1)
+
