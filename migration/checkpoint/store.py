@@ -737,6 +737,7 @@ class _ChunkWriter:
         self.chunks_total = 0
         self.futures: list[Future[tuple[str, int]]] = []
         self.tokens: list[object] = []
+        self.token_of: dict[str, object] = {}
 
     def add(self, data: memoryview | None, known: ChunkList | None = None) -> tuple[int, int]:
         """Queue one byte range; returns a handle for `result`.
@@ -791,6 +792,7 @@ class _ChunkWriter:
         with self.lock:
             if token is not None:
                 self.tokens.append(token)
+                self.token_of[chunk] = token
             self.new_chunks[chunk] = len(view)
             self.bytes_new += len(view)
         return chunk, len(view)
@@ -810,6 +812,18 @@ class _ChunkWriter:
             self.store._abandon_chunks(tokens)
             raise
         self.store._present.update(self.new_chunks)
+
+    def drop(self, chunks: Iterable[str]) -> None:
+        """Before `finish`: forget new chunks the manifest will not reference (a directory
+        save's read of a file that changed under it). They are not counted as new, and a
+        backend that names chunks at `finish` (a local folder) never makes them visible."""
+        with self.lock:
+            for chunk in chunks:
+                self.bytes_new -= self.new_chunks.pop(chunk, 0)
+                token = self.token_of.pop(chunk, None)
+                if token is not None:
+                    self.tokens.remove(token)
+                    self.store._abandon_chunks([token])
 
     def abandon(self) -> None:
         """Drop what a save that will not commit wrote but did not finish."""
