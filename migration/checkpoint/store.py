@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -586,11 +586,20 @@ class Store(ABC):
         """
         if keep < 0:
             raise StoreError("keep must be >= 0")
-        stats = GcStats()
         by_rank: dict[int, list[ManifestRef]] = {}
         for ref in self.list(job):
             by_rank.setdefault(ref.rank, []).append(ref)
-        doomed = [ref for refs in by_rank.values() for ref in refs[: max(len(refs) - keep, 0)]]
+        kept = {ref.key for refs in by_rank.values() for ref in refs[max(len(refs) - keep, 0) :]}
+        return self.retain(job, kept, grace_s=grace_s)
+
+    def retain(
+        self, job: str, keep: Collection[str], *, grace_s: float = DEFAULT_GC_GRACE_S
+    ) -> GcStats:
+        """Remove every checkpoint of `job` whose manifest key is not in `keep`, then the chunks
+        that no remaining manifest of any job in this store references (older than `grace_s`).
+        """
+        stats = GcStats()
+        doomed = [ref for ref in self.list(job) if ref.key not in keep]
         self._delete([ref.key for ref in doomed])
         stats.manifests_removed = [ref.key for ref in doomed]
         referenced: set[str] = set()
@@ -619,6 +628,13 @@ class Store(ABC):
             stats.bytes_removed,
         )
         return stats
+
+    def remove_chunks(self, chunks: Iterable[str]) -> None:
+        """Delete chunks (a corrupt copy, so that the next copy of a checkpoint brings a good one
+        again); a manifest that names them fails verification until then."""
+        names = sorted(set(chunks))
+        self._delete([self.chunk_key(chunk) for chunk in names])
+        self._present.difference_update(names)
 
     def copy(self, ref: ManifestRef | str, target: Store) -> CopyStats:
         """Copy one checkpoint to `target`: only the chunks it lacks, then the manifest.
