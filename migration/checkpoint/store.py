@@ -578,6 +578,11 @@ class Store(ABC):
         self._run_all(futures)
         return stats
 
+    def forget(self, ref: ManifestRef | str) -> None:
+        """Remove one checkpoint's manifest (it is no longer listed); its chunks are collected
+        by the next `gc` unless another manifest references them."""
+        self._delete([ManifestRef.parse(ref).key])
+
     def gc(self, job: str, keep: int, *, grace_s: float = DEFAULT_GC_GRACE_S) -> GcStats:
         """Keep the newest `keep` checkpoints of each rank of `job`; remove unreferenced chunks.
 
@@ -636,10 +641,14 @@ class Store(ABC):
         self._delete([self.chunk_key(chunk) for chunk in names])
         self._present.difference_update(names)
 
-    def copy(self, ref: ManifestRef | str, target: Store) -> CopyStats:
+    def copy(
+        self, ref: ManifestRef | str, target: Store, *, cancel: Cancel | None = None
+    ) -> CopyStats:
         """Copy one checkpoint to `target`: only the chunks it lacks, then the manifest.
 
         Chunks are hash-checked on the way, so a corrupt source never produces a replica.
+        `cancel` is polled between chunks; when it returns True the copy stops with
+        SaveCancelled and writes no manifest.
         """
         started = time.perf_counter()
         ref = ManifestRef.parse(ref)
@@ -651,6 +660,8 @@ class Store(ABC):
         tokens: list[object] = []
 
         def copy_one(chunk: str, size: int) -> None:
+            if cancel is not None and cancel():
+                raise SaveCancelled(f"copy of {ref} cancelled")
             if target._chunk_present(chunk):
                 with lock:
                     stats.chunks_skipped += 1
@@ -674,6 +685,8 @@ class Store(ABC):
             target._abandon_chunks(tokens)
             raise
         target._present.update(copied)
+        if cancel is not None and cancel():
+            raise SaveCancelled(f"copy of {ref} cancelled before its manifest")
         target._commit_manifest(ref.key, raw, copied)
         stats.seconds = time.perf_counter() - started
         return stats
