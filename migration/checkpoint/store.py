@@ -578,11 +578,6 @@ class Store(ABC):
         self._run_all(futures)
         return stats
 
-    def forget(self, ref: ManifestRef | str) -> None:
-        """Remove one checkpoint's manifest (it is no longer listed); its chunks are collected
-        by the next `gc` unless another manifest references them."""
-        self._delete([ManifestRef.parse(ref).key])
-
     def gc(self, job: str, keep: int, *, grace_s: float = DEFAULT_GC_GRACE_S) -> GcStats:
         """Keep the newest `keep` checkpoints of each rank of `job`; remove unreferenced chunks.
 
