@@ -14,11 +14,13 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from . import cdc
 from .errors import CorruptManifest, ManifestNotFound, SaveCancelled, StoreError
 from .hashing import digest
 from .manifest import ChunkList, ManifestRef, check_job, check_kind
@@ -81,8 +83,16 @@ def save_directory(
     validation_reference: float | None,
     meta: dict[str, Any] | None,
     cancel: Cancel | None,
+    busy: Callable[[str], bool] | None = None,
+    hold: Collection[str] = (),
 ) -> SaveResult:
-    """See Store.save_directory."""
+    """See Store.save_directory.
+
+    A file is never recorded half-written: one that `busy(rel)` says a process is writing
+    (before or after it is read), one named in `hold` (its content is not trusted: its writer
+    died while it changed), and one that kept changing while it was read keep the version the
+    parent checkpoint recorded, or are left out when the parent has none (decision 060).
+    """
     from .store import _ChunkWriter
 
     started = time.perf_counter()
@@ -101,16 +111,74 @@ def save_directory(
             logger.info("directory snapshot: parent %s unusable (%s); reading all", parent_ref, exc)
     scan_started = time.time_ns()
     writer = _ChunkWriter(store, cancel, stream=store._streams(ref.kind))
+    is_busy = busy or (lambda rel: False)
+    files: dict[str, dict[str, Any]] = {}
+    # Per file: its entry-to-be and the futures of its chunks (reused or read).
+    pending: dict[str, tuple[dict[str, Any], list[Future[tuple[str, int]]]]] = {}
 
-    def collect() -> tuple[dict[str, dict[str, Any]], int]:
-        files: dict[str, dict[str, Any]] = {}
-        pending: dict[str, tuple[os.stat_result, list[Future[tuple[str, int]]], int]] = {}
-        entries = _scan(root)
-        for rel, st in entries.items():
+    def reuse(rel: str, entry: dict[str, Any]) -> None:
+        pool = store._executor()
+        futures = [pool.submit(_ensure_present, store, c, size) for c, size in entry["chunks"]]
+        writer.futures.extend(futures)
+        pending[rel] = (entry, futures)
+
+    def keep_previous(rel: str, why: str) -> None:
+        old = previous.get(rel)
+        if old is not None and old.get("type") == "file":
+            logger.info(
+                "directory snapshot: %s %s; keeping the version of %s", rel, why, parent_ref
+            )
+            reuse(rel, {**old, "held": True})
+        else:
+            logger.info("directory snapshot: %s %s and has no earlier version; left out", rel, why)
+
+    def read(rel: str, st: os.stat_result) -> None:
+        for _ in range(_ATTEMPTS):
+            if is_busy(rel):
+                keep_previous(rel, "is being written")
+                return
+            futures, size = _read_file(store, writer, root / rel, st.st_size)
+            try:
+                now = os.stat(root / rel, follow_symlinks=False)
+            except FileNotFoundError:
+                logger.info("directory snapshot: %s vanished while being read", rel)
+                return
+            same = (now.st_size, now.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+            if same and size == st.st_size and not is_busy(rel):
+                entry = {
+                    "type": "file",
+                    "size": size,
+                    "mode": stat.S_IMODE(now.st_mode),
+                    "mtime_ns": now.st_mtime_ns,
+                }
+                pending[rel] = (entry, futures)
+                return
+            st = now  # changed while read: what was read is dropped unless still referenced
+        keep_previous(rel, "kept changing while it was read")
+
+    def settle() -> list[str]:
+        """Wait for the pending files' chunks; record each whole one, return the others."""
+        store._run_all(writer.futures, writer.abort)
+        missing = []
+        for rel, (entry, futures) in pending.items():
+            chunks: ChunkList = [f.result() for f in futures]
+            if all(size >= 0 for _, size in chunks):
+                files[rel] = {k: v for k, v in entry.items() if k != "held"} | {"chunks": chunks}
+            elif entry.get("held"):
+                logger.warning("directory snapshot: the earlier version of %s is gone", rel)
+            else:
+                missing.append(rel)
+        pending.clear()
+        return missing
+
+    try:
+        for rel, st in _scan(root).items():
             if stat.S_ISDIR(st.st_mode):
                 files[rel] = {"type": "dir", "mode": stat.S_IMODE(st.st_mode)}
             elif stat.S_ISLNK(st.st_mode):
                 files[rel] = {"type": "symlink", "target": os.readlink(root / rel)}
+            elif rel in hold:
+                keep_previous(rel, "changed when its writer died")
             else:
                 old = previous.get(rel)
                 if (
@@ -121,62 +189,24 @@ def save_directory(
                     and previous_scan - st.st_mtime_ns > _RACY_NS
                 ):
                     # Unchanged since the parent read it: reuse its chunks without reading.
-                    files[rel] = {**old, "mode": stat.S_IMODE(st.st_mode)}
-                    first = len(writer.futures)
-                    pool = store._executor()
-                    for chunk, _ in old["chunks"]:
-                        writer.futures.append(pool.submit(_ensure_present, store, chunk))
-                    pending[rel] = (st, writer.futures[first:], -1)
+                    reuse(rel, {**old, "mode": stat.S_IMODE(st.st_mode)})
                 else:
-                    pending[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
-        bytes_total = 0
-        for attempt in range(_ATTEMPTS):
-            store._run_all([f for _, futures, _ in pending.values() for f in futures], writer.abort)
-            changed: dict[str, tuple[os.stat_result, list[Future[tuple[str, int]]], int]] = {}
-            for rel, (st, futures, tries) in pending.items():
-                chunks: ChunkList = [f.result() for f in futures]
-                if tries < 0:
-                    if all(size >= 0 for _, size in chunks):
-                        bytes_total += files[rel]["size"]
-                        continue
-                    # A reused chunk is gone (its manifest was collected): read the file after all.
-                    changed[rel] = (st, _queue_file(store, writer, root / rel, st.st_size), 0)
-                    continue
-                try:
-                    now = os.stat(root / rel, follow_symlinks=False)
-                except FileNotFoundError:
-                    logger.info("directory snapshot: %s vanished while being read", rel)
-                    files.pop(rel, None)
-                    continue
-                size = sum(s for _, s in chunks)
-                moved = (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
-                if (moved or size != st.st_size) and attempt + 1 < _ATTEMPTS:
-                    again = _queue_file(store, writer, root / rel, now.st_size)
-                    changed[rel] = (now, again, tries + 1)
-                    continue
-                if moved or size != st.st_size:
-                    logger.warning("directory snapshot: %s kept changing; saved as last read", rel)
-                files[rel] = {
-                    "type": "file",
-                    "size": size,
-                    "mode": stat.S_IMODE(now.st_mode),
-                    "mtime_ns": now.st_mtime_ns,
-                    "chunks": chunks,
-                }
-                bytes_total += size
-            if not changed:
-                break
-            pending = changed
-        return files, bytes_total
-
-    try:
-        files, bytes_total = collect()
+                    read(rel, st)
+        for rel in settle():
+            # A reused chunk is gone (its manifest was collected): read the file after all.
+            with contextlib.suppress(FileNotFoundError):
+                read(rel, os.stat(root / rel, follow_symlinks=False))
+        for rel in settle():
+            logger.warning("directory snapshot: chunks of %s are gone; left out", rel)
+        referenced = {chunk for e in files.values() for chunk, _ in e.get("chunks", ())}
+        writer.drop([chunk for chunk in list(writer.new_chunks) if chunk not in referenced])
         writer.finish()
     except BaseException:
         writer.abandon()
         raise
     if cancel is not None and cancel():
         raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
+    files = dict(sorted(files.items()))
     return store._commit_save(
         ref,
         writer,
@@ -184,33 +214,54 @@ def save_directory(
         world_size=world_size,
         parent=parent_ref,
         validation_reference=validation_reference,
-        bytes_total=bytes_total,
+        bytes_total=sum(e["size"] for e in files.values() if e["type"] == "file"),
         chunks_total=sum(len(e.get("chunks", [])) for e in files.values()),
-        meta={**(meta or {}), "scan_started_ns": scan_started},
+        meta={**(meta or {}), "scan_started_ns": scan_started, "chunking": cdc.ALGORITHM},
         files=files,
     )
 
 
-def _ensure_present(store: Store, chunk: str) -> tuple[str, int]:
+def _ensure_present(store: Store, chunk: str, size: int) -> tuple[str, int]:
     """A chunk reused from the parent must still exist (gc may have removed the parent);
     the size is -1 when it does not."""
-    return chunk, 0 if store._chunk_present(chunk) else -1
+    return chunk, size if store._chunk_present(chunk) else -1
 
 
-def _queue_file(store: Store, writer: Any, path: Path, size: int) -> list[Future[tuple[str, int]]]:
-    """Queue the chunks of one file; each worker reads its own range (bounded memory)."""
+# Bytes read but not yet hashed and written: bounds the memory of reading a large file.
+_IN_FLIGHT = 64 * 1024 * 1024
+
+
+def _read_file(
+    store: Store, writer: Any, path: Path, size: int
+) -> tuple[list[Future[tuple[str, int]]], int]:
+    """Read one file in content-defined chunks and queue each to be hashed and stored.
+
+    Returns the futures and the bytes read (less than `size` if the file shrank meanwhile).
+    """
     pool = store._executor()
-    futures = []
-    for offset in range(0, size, store.chunk_size):
-        length = min(store.chunk_size, size - offset)
-        futures.append(pool.submit(_store_range, writer, path, offset, length))
-    return futures
-
-
-def _store_range(writer: Any, path: Path, offset: int, length: int) -> tuple[str, int]:
-    with open(path, "rb", buffering=0) as f:
-        data = os.pread(f.fileno(), length, offset)
-    return writer._store(memoryview(data), None)
+    futures: list[Future[tuple[str, int]]] = []
+    in_flight: list[tuple[Future[tuple[str, int]], int]] = []
+    held = 0
+    read = 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return [], 0
+    try:
+        for piece in cdc.read_chunks(fd, size):
+            future = pool.submit(writer._store, piece, None)
+            futures.append(future)
+            writer.futures.append(future)
+            in_flight.append((future, len(piece)))
+            held += len(piece)
+            read += len(piece)
+            while held > _IN_FLIGHT:
+                done, length = in_flight.pop(0)
+                done.exception()  # waits; a failure is raised by the caller's _run_all
+                held -= length
+    finally:
+        os.close(fd)
+    return futures, read
 
 
 def _safe_relative(rel: str) -> PurePosixPath:
