@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from costs.api.views import EstimateView
 from jobs.api.views import JobViewSet
 from migration.api.agent import AgentEventsView, AgentLogsView
 from migration.api.views import InstanceViewSet, PoolViewSet
+from portal.api.views import TokenView, WsTicketView
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
@@ -18,7 +18,8 @@ router.register("pools", PoolViewSet, basename="pool")
 router.register("instances", InstanceViewSet, basename="instance")
 
 urlpatterns = [
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("auth/token/", TokenView.as_view(), name="api-token"),
+    path("auth/ws-ticket/", WsTicketView.as_view(), name="api-ws-ticket"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("estimates/", EstimateView.as_view(), name="estimates"),

@@ -14,23 +14,21 @@ import dj_database_url
 import plotly
 
 from portal.env import ConfigError, env_bool, env_float, env_int, env_list, env_path, env_str
+from portal.files import create_private_file, private_text
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BATON_HOME = env_path("BATON_HOME", BASE_DIR / "var")
-BATON_HOME.mkdir(parents=True, exist_ok=True)
+# Owner-only from the start: it holds the secret key, the demo password and the database.
+BATON_HOME.mkdir(mode=0o700, parents=True, exist_ok=True)
 BATON_DATA_DIR = BASE_DIR / "data"
 
 
 def _secret_key() -> str:
-    """DJANGO_SECRET_KEY when given, else a key generated once into BATON_HOME."""
+    """DJANGO_SECRET_KEY when given, else a key generated once into BATON_HOME (mode 600)."""
     given = env_str("DJANGO_SECRET_KEY")
     if given:
         return given
-    path = BATON_HOME / "secret-key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return private_text(BATON_HOME / "secret-key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
@@ -48,7 +46,6 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -98,6 +95,9 @@ if _database_url:
     except ValueError as exc:
         raise ConfigError(f"DATABASE_URL is not a database URL: {exc}") from None
 else:
+    # Sessions and token hashes live in it: created owner-only before SQLite first opens it
+    # (SQLite gives its -wal and -shm files the database file's mode).
+    create_private_file(SQLITE_PATH)
     # WAL lets readers run beside one writer; IMMEDIATE takes the write lock at BEGIN so two
     # writers (web, worker, beat, agents' reports) queue on the busy timeout instead of failing
     # with "database is locked" half-way through a transaction.
@@ -147,6 +147,8 @@ if env_bool("BATON_HTTPS", False):  # behind a TLS-terminating proxy
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("BATON_HSTS_SECONDS", 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BATON_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = env_bool("BATON_HSTS_PRELOAD", False)
 
 # --- Redis: Celery broker, Channels layer -----------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -157,13 +159,32 @@ BATON_REDIS_PREFIX = env_str(
     "baton-" + hashlib.sha256(str(BATON_HOME.resolve()).encode()).hexdigest()[:10],
 )
 
+# channels-redis waits for a message with a 5-s blocking read; the redis client's own default
+# socket timeout is 5 s too, so an idle websocket was closed every ~5 s. A longer socket timeout
+# keeps idle websockets open (redis and channels-redis are pinned in pyproject.toml).
+REDIS_SOCKET_TIMEOUT_S = 30
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+                    "socket_connect_timeout": 5,
+                }
+            ],
             "prefix": env_str("BATON_CHANNEL_PREFIX", BATON_REDIS_PREFIX),
         },
+    }
+}
+# Rate limits and websocket tickets are counted here, shared by every process of the install.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": BATON_REDIS_PREFIX,
+        "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5},
     }
 }
 
@@ -212,8 +233,15 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(BATON_HOME / "celerybeat-schedule")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.authentication.ApiTokenAuthentication",
     ],
+    # json.loads without its RecursionError and with NaN refused (portal/parsers.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_THROTTLE_RATES": {"token": env_str("BATON_TOKEN_RATE", "30/min")},
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
@@ -231,6 +259,18 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+
+# --- authentication: API tokens, websocket tickets, rate limits (portal/tokens.py) ------------
+# API tokens are stored as SHA-256 hashes and expire (decision 065).
+BATON_TOKEN_DAYS = env_int("BATON_TOKEN_DAYS", 30, minimum=1)
+BATON_TOKEN_MAX_DAYS = 365
+# Websocket tickets: single use, valid this long (decision 066).
+BATON_WS_TICKET_SECONDS = 30
+# Wrong passwords (login page and POST /api/auth/token/) allowed per window, per user name and
+# per client address, before the next attempt is answered 429 until the window ends.
+BATON_LOGIN_FAILURES_PER_USER = env_int("BATON_LOGIN_FAILURES_PER_USER", 10, minimum=1)
+BATON_LOGIN_FAILURES_PER_ADDRESS = env_int("BATON_LOGIN_FAILURES_PER_ADDRESS", 30, minimum=1)
+BATON_LOGIN_WINDOW_SECONDS = env_int("BATON_LOGIN_WINDOW_SECONDS", 900, minimum=1)
 
 # --- Baton ------------------------------------------------------------------------------------
 BATON_PUBLIC_URL = env_str("BATON_PUBLIC_URL", f"http://127.0.0.1:{env_int('PORT', 8000)}")
@@ -296,14 +336,6 @@ BATON_MAX_ROLLBACKS = env_int("BATON_MAX_ROLLBACKS", 2, minimum=0)
 # Spot jobs that name no interval checkpoint every 5 minutes, as the seed advises.
 BATON_DEFAULT_CHECKPOINT_SECONDS = env_int("BATON_DEFAULT_CHECKPOINT_SECONDS", 300, minimum=1)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("BATON_LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
-}
 # --- checkpoint stores, replication and retention ----------------------------------------------
 
 
@@ -332,3 +364,11 @@ BATON_REPLICAS = env_int("BATON_REPLICAS", 2, minimum=0)
 # Retention: the last N committed checkpoints of a job (plus its newest emergency one) are kept.
 BATON_KEEP_CHECKPOINTS = env_int("BATON_KEEP_CHECKPOINTS", 3, minimum=1)
 
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("BATON_LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}

@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.contrib.auth.forms import AuthenticationForm
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
@@ -21,7 +24,30 @@ from jobs.choices import Tolerance
 from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
 from migration.models import Accelerator, CapacityPool
+from portal import tokens
+from portal.forms import TokenForm
 from portal.http import AuthenticatedHttpRequest
+from portal.models import ApiToken
+from portal.throttling import login_blocked_for, record_login_failure
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page, refusing with 429 and Retry-After after too many wrong passwords
+    (the same counters as POST /api/auth/token/)."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        wait = login_blocked_for(request, request.POST.get("username", ""))
+        if wait:
+            # An unbound form: a bound one would check the password when rendered.
+            context = self.get_context_data(form=AuthenticationForm(request), retry_after=wait)
+            response = self.render_to_response(context, status=429)
+            response["Retry-After"] = str(wait)
+            return response
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
+        record_login_failure(self.request, self.request.POST.get("username", ""))
+        return super().form_invalid(form)
 
 
 @login_required
@@ -108,5 +134,34 @@ def job_new(request: AuthenticatedHttpRequest) -> HttpResponse:
             "templates": TEMPLATES.values(),
             "accelerators": Accelerator.objects.all(),
             "tolerances": Tolerance.choices,
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_tokens(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """The user's API tokens: make one (its key is shown once), revoke one."""
+    form = TokenForm()
+    new_key = ""
+    if request.method == "POST" and "revoke" in request.POST:
+        token_id = request.POST.get("revoke", "")
+        if token_id.isdigit() and tokens.revoke_api_token(request.user, int(token_id)):
+            messages.success(request, "Token revoked: it no longer works.")
+        return redirect("api-tokens")
+    if request.method == "POST":
+        form = TokenForm(request.POST)
+        if form.is_valid():
+            issued = tokens.issue_api_token(
+                request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"]
+            )
+            new_key, form = issued.key, TokenForm()
+    return render(
+        request,
+        "portal/tokens.html",
+        {
+            "form": form,
+            "new_key": new_key,
+            "tokens": ApiToken.objects.live().filter(user=request.user),
         },
     )

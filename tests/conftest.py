@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from django.conf import settings
 from hypothesis import settings as hypothesis_settings
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +62,10 @@ def client_for() -> Callable[[Any], APIClient]:
     """An API client authenticated the way scripts do it: with a token."""
 
     def make(user: Any) -> APIClient:
+        from portal.tokens import issue_api_token
+
         client = APIClient()
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {issue_api_token(user).key}")
         return client
 
     return make
