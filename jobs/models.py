@@ -102,6 +102,11 @@ class Job(models.Model):
         help_text="What the same hours would have cost on on-demand capacity.",
     )
     estimate = models.JSONField(null=True, blank=True)
+    checkpoint_storage = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Bytes its kept checkpoints take in each region's store, as last measured.",
+    )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     waiting_since = models.DateTimeField(null=True, blank=True)
