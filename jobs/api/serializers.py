@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from jobs.models import Job, Project
-from jobs.workloads.catalog import validate_params
+from jobs.workloads.catalog import validate_directory_options, validate_params
 from migration.models import Accelerator
 
 # The seed's advice for spot: checkpoint every five minutes when the user says nothing.
@@ -17,7 +17,8 @@ DEFAULT_CHECKPOINT_EVERY_SECONDS = 300
 
 
 class WorkloadField(serializers.JSONField):
-    """`{"template": NAME, "params": {...}}` or `{"command": [...], "mode": "directory"}`."""
+    """`{"template": NAME, "params": {...}}` or `{"command": [...], "mode": "directory"}`
+    (with optional `resume_args` and `progress_pattern`)."""
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         value = super().to_internal_value(data)
@@ -35,7 +36,7 @@ class WorkloadField(serializers.JSONField):
                 raise serializers.ValidationError(str(exc)) from None
             return {"template": value["template"], "params": params}
         if "command" in value:
-            extra = sorted(set(value) - {"command", "mode"})
+            extra = sorted(set(value) - {"command", "mode", "resume_args", "progress_pattern"})
             if extra:
                 raise serializers.ValidationError(f"unknown key(s) {', '.join(extra)}")
             command = value["command"]
@@ -43,6 +44,10 @@ class WorkloadField(serializers.JSONField):
                 isinstance(command, list) and command and all(isinstance(a, str) for a in command)
             ):
                 raise serializers.ValidationError("command must be a non-empty list of strings")
+            try:
+                options = validate_directory_options(value)
+            except ValueError as exc:
+                raise serializers.ValidationError(str(exc)) from None
             mode = value.get("mode", "directory")
             if mode != "directory":
                 raise serializers.ValidationError('mode must be "directory"')
@@ -52,7 +57,7 @@ class WorkloadField(serializers.JSONField):
                     "running a command needs the jobs.run_command permission; "
                     "use a template or ask an admin"
                 )
-            return {"command": command, "mode": mode}
+            return {"command": command, "mode": mode, **options}
         raise serializers.ValidationError('expected a "template" or a "command"')
 
 

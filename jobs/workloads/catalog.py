@@ -7,6 +7,7 @@ and the instance side (turns params into command-line flags). No Django here.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -151,3 +152,29 @@ def validate_params(template: str, params: object) -> dict[str, float | int]:
             f"unknown parameter(s) {', '.join(unknown)} for {template}; it accepts {sorted(spec)}"
         )
     return {name: spec[name].parse(name, value) for name, value in params.items()}
+
+
+def validate_directory_options(workload: dict[str, object]) -> dict[str, object]:
+    """The optional keys of a directory-mode command; raise ValueError naming the problem.
+
+    `resume_args`: arguments added to the command only when it resumes from a checkpoint.
+    `progress_pattern`: a regex whose first group is the step, read from the command's output.
+    """
+    options: dict[str, object] = {}
+    if "resume_args" in workload:
+        args = workload["resume_args"]
+        if not (isinstance(args, list) and all(isinstance(a, str) and a for a in args)):
+            raise ValueError("resume_args must be a list of non-empty strings")
+        options["resume_args"] = args
+    if "progress_pattern" in workload:
+        pattern = workload["progress_pattern"]
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError("progress_pattern must be a non-empty string")
+        try:
+            groups = re.compile(pattern).groups
+        except re.error as exc:
+            raise ValueError(f"progress_pattern is not a valid regex ({exc})") from None
+        if groups < 1:
+            raise ValueError("progress_pattern needs a group that captures the step")
+        options["progress_pattern"] = pattern
+    return options
