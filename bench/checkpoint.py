@@ -1,29 +1,38 @@
 """Checkpoint benchmark: Baton's store and SDK against the usual ways of saving a model.
 
-    .venv/bin/python bench/checkpoint.py [--sizes 64,256,1024] [--dir D] [--repeat R] [--sweep]
+    .venv/bin/python bench/checkpoint.py [--sizes 64,256,1024] [--repeat 5] [--dir D]
+        [--async-mb 256] [--async-pairs 6] [--async-interval 1.5] [--sweep]
 
-Prints one table. Every ratio is measured in this run against a baseline run in the same
-process, interleaved with it repetition by repetition (the median of per-repetition ratios, so
-a noisy neighbour slows both sides of a ratio alike):
+Prints two tables. The first gives this machine's own limits: a memory copy, BLAKE3 on one
+thread and on every core, and the disk's raw sequential write (through the page cache and with
+O_DIRECT, each fsynced) and read (from disk, page cache evicted). The second compares Baton
+with the alternatives. Every ratio is measured in this run against a baseline run in the same
+process, interleaved with it repetition by repetition (the contenders take turns, the order
+rotating), and printed as the median of the per-repetition ratios with their minimum and
+maximum, so a noisy neighbour shows as spread instead of skewing one side:
 
-- full save of a state of N MiB against torch.save, safetensors save_file, numpy.savez and a
-  raw sequential write of the same bytes (the disk's limit: the faster of a buffered and an
-  O_DIRECT write, each fsynced). Every contender writes a fresh
-  file (or fresh store) and fsyncs it; timing stops when the bytes are durable;
-- restore against torch.load, each reading from disk (the files' pages are evicted from the
-  page cache with posix_fadvise before every read, for both);
+- full save of a state of N MiB against the raw write of the same bytes (the faster of
+  buffered and O_DIRECT, fsynced), torch.save, safetensors save_file, numpy.savez and PyTorch's
+  distributed checkpoint (`torch.distributed.checkpoint.save`, one process). Every contender
+  writes a fresh file, folder or store and fsyncs it; timing stops when the bytes are durable;
+- asynchronous saves: the part that blocks the caller and the time until durable, Baton's SDK
+  against `torch.distributed.checkpoint.async_save`;
+- restore against torch.load, each in a fresh process reading from disk (the files' pages are
+  evicted from the page cache with posix_fadvise before every read, for both);
 - emergency save: from SIGTERM to the committed manifest, against the raw write;
 - incremental save of lora_sim (frozen base of the largest size, ~2 % trainable): bytes written
   over bytes changed, and time against the full save of the same state;
-- asynchronous checkpointing every N steps: training steps per second against no checkpoints.
+- asynchronous checkpointing: training steps per second of a numpy MLP in paired blocks, one
+  with a checkpoint every few seconds and one without, the median of the pairs' ratios.
 
 `--sweep` adds the measurements behind docs/decisions/001 and 002 (hash, chunk size).
-Torch and safetensors rows are skipped when those packages are missing.
+Torch, DCP and safetensors rows are skipped when those packages are missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -36,13 +45,16 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 # The training loop of the async measurement computes with one BLAS thread, as the host side
-# of an accelerator job does; the second core is what the checkpoint I/O may use. Set before
+# of an accelerator job does; the other cores are what the checkpoint I/O may use. Set before
 # numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -52,6 +64,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from migration.checkpoint import LocalStore
+from migration.checkpoint.hashing import digest
 from migration.checkpoint.sdk import Checkpointer, capture_rng_states
 from migration.checkpoint.snapshot import Snapshot, aligned_empty
 from migration.checkpoint.store import DEFAULT_CHUNK_SIZE
@@ -60,28 +73,49 @@ MIB = 1024 * 1024
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
 
-Row = tuple[str, str, str, str, str, str, str]
+Row = tuple[str, ...]
+LIMITS: list[Row] = []
 ROWS: list[Row] = []
+
+
+@dataclass
+class Spread:
+    """Repeated measurements of one quantity."""
+
+    values: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def ratio(self) -> str:
+        """`median (min-max)` of ratios."""
+        low, high = min(self.values), max(self.values)
+        return f"{self.median:.2f}x ({low:.2f}-{high:.2f})"
+
+    def rate(self, nbytes: int) -> str:
+        """`median (min-max) GiB/s` of `nbytes` moved in each of the measured seconds."""
+        rates = sorted(nbytes / v / 2**30 for v in self.values)
+        return f"{statistics.median(rates):.2f} ({rates[0]:.2f}-{rates[-1]:.2f}) GiB/s"
 
 
 def row(
     what: str,
     size: str,
-    median_s: float | None,
+    seconds: Spread | None,
     rate: str,
     ratio: str,
     target: str = "",
     met: str = "",
 ) -> None:
-    """Add one line to the table (and show progress on stderr)."""
-    secs = f"{median_s:.3f}" if median_s is not None else ""
+    """Add one line to the results (and show progress on stderr)."""
+    secs = f"{seconds.median:.3f}" if seconds is not None else ""
     ROWS.append((what, size, secs, rate, ratio, target, met))
     print(f"  {what} {size} {secs} {ratio}", file=sys.stderr, flush=True)
 
 
-def verdict(value: float, limit: float, larger_is_better: bool = False) -> str:
-    ok = value >= limit if larger_is_better else value <= limit
-    return "met" if ok else "MISSED"
+def verdict(value: float, limit: float) -> str:
+    return "met" if value <= limit else "MISSED"
 
 
 def gibps(nbytes: int, seconds: float) -> str:
@@ -111,26 +145,52 @@ def nbytes_of(state: dict[str, np.ndarray]) -> int:
     return sum(a.nbytes for a in state.values())
 
 
+def flatten(state: dict[str, np.ndarray]) -> np.ndarray:
+    """The state's bytes in one page-aligned buffer (what a raw write of it writes)."""
+    flat = aligned_empty(nbytes_of(state))
+    np.concatenate([a.view(np.uint8) for a in state.values()], out=flat)
+    return flat
+
+
+def write_file(flat: np.ndarray, path: Path, direct: bool) -> float:
+    """Seconds to write `flat` sequentially as one new file and fsync it."""
+    fresh(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+    started = time.perf_counter()
+    fd = os.open(path, flags, 0o644)
+    view = flat.data
+    body = len(view) - len(view) % 4096 if direct else len(view)
+    rest = view[:body]
+    while rest:
+        rest = rest[os.write(fd, rest[: 64 * MIB]) :]
+    if body < len(view):
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        os.write(fd, view[body:])
+    os.fsync(fd)
+    os.close(fd)
+    return time.perf_counter() - started
+
+
+def read_file(out: np.ndarray, path: Path, direct: bool) -> float:
+    """Seconds to read a file sequentially from disk (its pages evicted first) into `out`."""
+    evict([path])
+    started = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    view = out.data
+    filled = 0
+    while filled < len(view):
+        n = os.readv(fd, [view[filled : filled + 64 * MIB]])
+        if n == 0:
+            break
+        filled += n
+    os.close(fd)
+    return time.perf_counter() - started
+
+
 def raw_write(flat: np.ndarray, work: Path) -> float:
     """The disk's limit: the same bytes as one file, written sequentially and fsynced. Both
     ways are timed, through the page cache and with O_DIRECT, and the faster one counts."""
-    best = float("inf")
-    for direct in (False, True):
-        path = fresh(work / "raw.bin")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
-        started = time.perf_counter()
-        fd = os.open(path, flags, 0o644)
-        view = flat.data
-        body = len(view) - len(view) % 4096 if direct else len(view)
-        rest = view[:body]
-        while rest:
-            rest = rest[os.write(fd, rest[: 64 * MIB]) :]
-        if body < len(view):
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-            os.write(fd, view[body:])
-        os.fsync(fd)
-        os.close(fd)
-        best = min(best, time.perf_counter() - started)
+    best = min(write_file(flat, work / "raw.bin", direct) for direct in (False, True))
     fresh(work / "raw.bin")
     return best
 
@@ -200,32 +260,80 @@ def fresh(path: Path) -> Path:
     return path
 
 
-def interleaved(
-    contenders: dict[str, Callable[[], float]], baseline: str, repeat: int
-) -> dict[str, tuple[float, float]]:
-    """Run every contender `repeat` times, rotating the order; per contender the median time
-    and the median of its per-repetition ratio to the baseline."""
+def interleaved(contenders: dict[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:
+    """Run every contender `repeat` times, taking turns and rotating the order; the seconds of
+    each repetition, in repetition order (so ratios pair measurements taken side by side)."""
     times: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for rep in range(repeat):
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             times[name].append(contenders[name]())
-    result = {}
+    return times
+
+
+def ratios(values: list[float], baseline: list[float]) -> Spread:
+    """Per-repetition ratios of two interleaved measurements."""
+    return Spread([v / b for v, b in zip(values, baseline, strict=True)])
+
+
+def touch_every_chunk(state: dict[str, np.ndarray]) -> None:
+    """Change every 4 KiB of the state a little, so no chunk of the next save already exists."""
+    for arr in state.values():
+        arr[:: 1024 if arr.size > 1024 else 1] += np.float32(1e-3)
+
+
+# ---- the machine's own limits -----------------------------------------------------------------
+
+
+def bench_limits(mib: int, work: Path, repeat: int) -> None:
+    """Memory copy, BLAKE3 on one thread and on every core, raw disk write and read."""
+    nbytes = mib * MIB
+    src = aligned_empty(nbytes)
+    src[:] = np.frombuffer(np.random.default_rng(1).bytes(nbytes), np.uint8)
+    dst = aligned_empty(nbytes)
+    dst[:] = 0
+    cores = os.cpu_count() or 1
+    pool = ThreadPoolExecutor(cores)
+
+    def timed(fn: Callable[[], object]) -> Callable[[], float]:
+        def run() -> float:
+            started = time.perf_counter()
+            fn()
+            return time.perf_counter() - started
+
+        return run
+
+    def hash_all_cores() -> None:
+        step = -(-nbytes // cores)
+        list(pool.map(lambda i: digest(src.data[i : i + step]), range(0, nbytes, step)))
+
+    path = work / "limits.bin"
+    write_file(src, path, direct=True)
+    contenders = {
+        "memory copy (numpy.copyto)": timed(lambda: np.copyto(dst, src)),
+        "BLAKE3, one thread": timed(lambda: digest(src.data)),
+        f"BLAKE3, {cores} threads": timed(hash_all_cores),
+        "disk write, buffered + fsync": lambda: write_file(src, work / "w.bin", direct=False),
+        "disk write, O_DIRECT + fsync": lambda: write_file(src, work / "w.bin", direct=True),
+        "disk read, buffered (from disk)": lambda: read_file(dst, path, direct=False),
+        "disk read, O_DIRECT": lambda: read_file(dst, path, direct=True),
+    }
+    times = interleaved(contenders, repeat)
+    pool.shutdown()
     for name, values in times.items():
-        ratios = [v / b for v, b in zip(values, times[baseline], strict=True)]
-        result[name] = (statistics.median(values), statistics.median(ratios))
-    return result
+        LIMITS.append((name, f"{mib} MiB", Spread(values).rate(nbytes)))
+    for leftover in ("limits.bin", "w.bin"):
+        fresh(work / leftover)
 
 
-# ---- full save and restore --------------------------------------------------------------------
+# ---- full save, asynchronous save and restore -------------------------------------------------
 
 
 def bench_size(mib: int, work: Path, repeat: int) -> None:
     state = make_state(mib)
     total = nbytes_of(state)
-    flat = aligned_empty(total)
-    np.concatenate([a.view(np.uint8) for a in state.values()], out=flat)
+    flat = flatten(state)
     label = f"{mib} MiB"
     tensors: dict[str, Any] = {}
     if HAS_TORCH:
@@ -276,38 +384,64 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
             os.fsync(f.fileno())
         return time.perf_counter() - started
 
+    def dcp_save() -> float:
+        import torch.distributed.checkpoint as dcp
+
+        path = fresh(work / "dcp")
+        started = time.perf_counter()
+        dcp.save(tensors, checkpoint_id=str(path))  # fsyncs its files (sync_files=True)
+        return time.perf_counter() - started
+
     contenders: dict[str, Callable[[], float]] = {"raw": raw, "baton": baton}
     if HAS_TORCH:
         contenders["torch.save"] = torch_save
+        contenders["DCP"] = dcp_save
     if HAS_SAFETENSORS:
         contenders["safetensors"] = safetensors_save
     contenders["numpy.savez"] = numpy_save
-    saves = interleaved(contenders, "raw", repeat)
+    saves = interleaved(contenders, repeat)
     row(
         "raw write + fsync, best of buffered/O_DIRECT",
         label,
-        saves["raw"][0],
-        gibps(total, saves["raw"][0]),
+        Spread(saves["raw"]),
+        gibps(total, Spread(saves["raw"]).median),
         "1.00x",
     )
-    seconds, ratio = saves["baton"]
+    spread = ratios(saves["baton"], saves["raw"])
     row(
         "Baton full save (store.save)",
         label,
-        seconds,
-        gibps(total, seconds),
-        f"{ratio:.2f}x raw",
-        "<= 1.30x raw",
-        verdict(ratio, 1.30),
+        Spread(saves["baton"]),
+        gibps(total, Spread(saves["baton"]).median),
+        f"{spread.ratio()} raw",
+        "<= 1.05x raw",
+        verdict(spread.median, 1.05),
     )
     for name, title in (
         ("torch.save", "torch.save + fsync"),
         ("safetensors", "safetensors save_file + fsync"),
+        ("DCP", "torch.distributed.checkpoint.save"),
         ("numpy.savez", "numpy.savez + fsync"),
     ):
         if name in saves:
-            seconds, ratio = saves[name]
-            row(title, label, seconds, gibps(total, seconds), f"{ratio:.2f}x raw")
+            seconds = Spread(saves[name])
+            rate = gibps(total, seconds.median)
+            row(title, label, seconds, rate, f"{ratios(saves[name], saves['raw']).ratio()} raw")
+    rivals = [name for name in ("torch.save", "safetensors", "DCP") if name in saves]
+    if rivals:
+        fastest = [min(saves[name][i] for name in rivals) for i in range(repeat)]
+        spread = ratios(saves["baton"], fastest)
+        row(
+            f"Baton full save / fastest of {', '.join(rivals)}",
+            label,
+            None,
+            "",
+            spread.ratio(),
+            "<= 1.00x",
+            verdict(spread.median, 1.0),
+        )
+    if HAS_TORCH:
+        bench_async_save(state, tensors, work, repeat, label)
 
     # Restore: both from disk (pages evicted before every read), each in a fresh process as on
     # a new instance (in a long-lived process the allocator would hand back warm memory).
@@ -317,30 +451,29 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     if HAS_TORCH:
         torch_save()
 
-    def baton_load() -> float:
-        return restore_in_child("baton", store_dir, ref.key)
+        def baton_load() -> float:
+            return restore_in_child("baton", store_dir, ref.key)
 
-    def torch_load() -> float:
-        return restore_in_child("torch", work / "model.pt", "")
+        def torch_load() -> float:
+            return restore_in_child("torch", work / "model.pt", "")
 
-    if HAS_TORCH:
-        loads = interleaved({"torch.load": torch_load, "baton": baton_load}, "torch.load", repeat)
+        loads = interleaved({"torch.load": torch_load, "baton": baton_load}, repeat)
         row(
             "torch.load (from disk, fresh process)",
             label,
-            loads["torch.load"][0],
-            gibps(total, loads["torch.load"][0]),
+            Spread(loads["torch.load"]),
+            gibps(total, Spread(loads["torch.load"]).median),
             "1.00x",
         )
-        seconds, ratio = loads["baton"]
+        spread = ratios(loads["baton"], loads["torch.load"])
         row(
             "Baton restore (store.load, hash-checked, fresh process)",
             label,
-            seconds,
-            gibps(total, seconds),
-            f"{ratio:.2f}x torch.load",
+            Spread(loads["baton"]),
+            gibps(total, Spread(loads["baton"]).median),
+            f"{spread.ratio()} torch.load",
             "<= 1.00x",
-            verdict(ratio, 1.0),
+            verdict(spread.median, 1.0),
         )
 
     # Emergency save: SIGTERM -> committed manifest, training state changing every step.
@@ -360,7 +493,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
             step += 1
             for tensor in state.values():  # a training step touches every tensor
                 tensor[step % tensor.size] += 1e-3
-            time.sleep(0.005)
+            time.sleep(0.001)
             ckpt.maybe_save(step, state)
         done = time.perf_counter()
         timer.join()
@@ -368,20 +501,85 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         store.close()
         return done - sent[0]
 
-    result = interleaved({"raw": raw, "emergency": emergency}, "raw", repeat)
-    seconds, ratio = result["emergency"]
-    target, met = ("<= 1.50x raw", verdict(ratio, 1.5)) if mib >= 1024 else ("", "")
+    result = interleaved({"raw": raw, "emergency": emergency}, repeat)
+    spread = ratios(result["emergency"], result["raw"])
     row(
         "Baton emergency save (SIGTERM -> commit)",
         label,
-        seconds,
-        gibps(total, seconds),
-        f"{ratio:.2f}x raw",
-        target,
-        met,
+        Spread(result["emergency"]),
+        gibps(total, Spread(result["emergency"]).median),
+        f"{spread.ratio()} raw",
+        "<= 1.10x raw",
+        verdict(spread.median, 1.1),
     )
-    for leftover in ("raw.bin", "model.pt", "model.safetensors", "model.npz", "store"):
+    for leftover in ("raw.bin", "model.pt", "model.safetensors", "model.npz", "dcp", "store"):
         fresh(work / leftover)
+
+
+def bench_async_save(
+    state: dict[str, np.ndarray], tensors: dict[str, Any], work: Path, repeat: int, label: str
+) -> None:
+    """Baton's asynchronous save against DCP's async_save: the part that blocks the training
+    loop, and the time until the checkpoint is durable. Every repetition changes every chunk,
+    and both sides are warmed up once (Baton's snapshot buffers, DCP's staging), as in a
+    training run where these saves repeat."""
+    import torch.distributed.checkpoint as dcp
+
+    store = LocalStore(fresh(work / "async-store"))
+    ckpt = Checkpointer(
+        store, job="bench", every_seconds=None, every_steps=None, install_signal_handlers=False
+    )
+    step = 0
+
+    def baton() -> tuple[float, float]:
+        nonlocal step
+        touch_every_chunk(state)
+        step += 1
+        ckpt.request_checkpoint()
+        started = time.perf_counter()
+        ckpt.maybe_save(step, state)
+        blocked = time.perf_counter() - started
+        ckpt.wait()
+        return blocked, time.perf_counter() - started
+
+    def dcp_async() -> tuple[float, float]:
+        touch_every_chunk(state)
+        path = fresh(work / "dcp-async")
+        started = time.perf_counter()
+        future = dcp.async_save(tensors, checkpoint_id=str(path))
+        blocked = time.perf_counter() - started
+        cast(Any, future).result()
+        return blocked, time.perf_counter() - started
+
+    sides = {"baton": baton, "DCP": dcp_async}
+    for side in sides.values():
+        side()
+    blocked: dict[str, list[float]] = {name: [] for name in sides}
+    durable: dict[str, list[float]] = {name: [] for name in sides}
+    for rep in range(repeat):
+        for name in list(sides)[rep % 2 :] + list(sides)[: rep % 2]:
+            b, d = sides[name]()
+            blocked[name].append(b)
+            durable[name].append(d)
+    ckpt.close()
+    store.close()
+    for name, title in (("baton", "Baton async save (SDK)"), ("DCP", "DCP async_save")):
+        row(
+            f"{title}: blocking part",
+            label,
+            Spread(blocked[name]),
+            "",
+            f"{ratios(blocked[name], blocked['DCP']).ratio()} DCP's",
+        )
+        row(
+            f"{title}: until durable",
+            label,
+            Spread(durable[name]),
+            "",
+            f"{ratios(durable[name], durable['DCP']).ratio()} DCP's",
+        )
+    fresh(work / "async-store")
+    fresh(work / "dcp-async")
 
 
 # ---- incremental (lora_sim) -------------------------------------------------------------------
@@ -418,7 +616,7 @@ def bench_lora(base_mib: int, work: Path, repeat: int) -> None:
     full_s = time.perf_counter() - started
     for step in range(3):  # past the first steps, where some adapter halves still sit at zero
         model.train_step(step)
-    ratios, times, written, changed = [], [], [], []
+    written_over_changed, times, written, changed = [], [], [], []
     for step in range(3, 3 + repeat):
         before = flat_bytes(model.state(), {"user": None, "rng": capture_rng_states()})
         model.train_step(step)
@@ -429,27 +627,32 @@ def bench_lora(base_mib: int, work: Path, repeat: int) -> None:
         times.append(time.perf_counter() - started)
         written.append(result.bytes_new)
         changed.append(delta)
-        ratios.append(result.bytes_new / delta)
+        written_over_changed.append(result.bytes_new / delta)
     total = result.bytes_total
-    ratio = statistics.median(ratios)
     row(
         f"lora_sim full save ({base_mib} MiB frozen base)",
         f"{total / MIB:.0f} MiB",
-        full_s,
+        Spread([full_s]),
         gibps(total, full_s),
         "1.00x",
     )
-    incr = statistics.median(times)
+    ratio = Spread(written_over_changed)
     row(
         "lora_sim incremental save: bytes written / changed",
         f"{statistics.median(written) / MIB:.1f} of {statistics.median(changed) / MIB:.1f} MiB",
-        incr,
+        Spread(times),
         "",
-        f"{ratio:.3f}",
+        ratio.ratio().replace("x", ""),
         "<= 1.10",
-        verdict(ratio, 1.10),
+        verdict(ratio.median, 1.10),
     )
-    row("lora_sim incremental save: time vs full save", "", incr, "", f"{incr / full_s:.3f}x full")
+    row(
+        "lora_sim incremental save: time vs full save",
+        "",
+        Spread(times),
+        "",
+        f"{Spread([t / full_s for t in times]).ratio()} full",
+    )
     ckpt.close()
     store.close()
     fresh(work / "lora")
@@ -458,12 +661,17 @@ def bench_lora(base_mib: int, work: Path, repeat: int) -> None:
 # ---- asynchronous checkpointing ---------------------------------------------------------------
 
 
-def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float) -> None:
-    """Steps/s of a numpy MLP whose state is padded to `state_mib` (every chunk changes every
-    step), in alternating blocks of `interval_s` seconds of training: blocks that start with an
-    asynchronous checkpoint (and wait for its persist before they end) against blocks without.
-    Alternating blocks inside one process keep a noisy neighbour from favouring either side;
-    one checkpoint is taken before measuring, as the first one allocates the snapshot buffers.
+def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float, per_block: int) -> None:
+    """Training throughput with asynchronous checkpoints against without, in paired blocks.
+
+    A numpy MLP whose state is padded to `state_mib` (every chunk changes every step) trains in
+    blocks of `per_block` checkpoint intervals of `interval_s` seconds: a block with a
+    checkpoint at the start of every interval (each persist waited for before the block ends)
+    next to a block without any, the pair's order alternating. The cost is 1 - the median over
+    the pairs of (steps/s with) / (steps/s without), printed with its spread; pairing blocks
+    taken seconds apart keeps a noisy neighbour from favouring either side, and several
+    checkpoints per block average the placement of each persist against the loop. One block of
+    each kind runs first, unmeasured (the first checkpoint allocates the snapshot buffers).
     """
     from jobs.workloads.mlp_numpy import NumpyMLP
 
@@ -484,48 +692,49 @@ def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float) -> No
     )
     step = 0
 
-    def block(steps: int, checkpoint: bool) -> float:
+    def block(intervals: int, steps: int, checkpoint: bool) -> float:
         nonlocal step
-        if checkpoint:
-            ckpt.request_checkpoint()
         started = time.perf_counter()
-        for _ in range(steps):
-            model.train_step(step)
-            step += 1
-            ckpt.maybe_save(step, model.state(), val_loss=model.val_loss)
+        for _ in range(intervals):
+            if checkpoint:
+                ckpt.request_checkpoint()
+            for _ in range(steps):
+                model.train_step(step)
+                step += 1
+                ckpt.maybe_save(step, model.state(), val_loss=model.val_loss)
         ckpt.wait()
         return time.perf_counter() - started
 
-    block(50, True)  # warm-up, and the first snapshot's buffers
-    rate = 100 / block(100, False)
+    block(1, 50, True)
+    rate = 100 / block(1, 100, False)
     steps = max(10, round(rate * interval_s))
+    block(1, steps, False)
+    block(1, steps, True)
     plain: list[float] = []
     with_ckpt: list[float] = []
     for i in range(pairs):
         for checkpoint in (False, True) if i % 2 == 0 else (True, False):
-            (with_ckpt if checkpoint else plain).append(block(steps, checkpoint))
+            seconds = block(per_block, steps, checkpoint)
+            (with_ckpt if checkpoint else plain).append(seconds)
     saves = len(store.list("async"))
     ckpt.close()
     store.close()
-    assert saves == pairs + 1
-    ratio = statistics.median(p / c for p, c in zip(plain, with_ckpt, strict=True))
-    cost = 1 - ratio
-    none_rate = steps / statistics.median(plain)
+    assert saves == 2 + pairs * per_block, saves
+    # Cost per pair: 1 - throughput with / without = 1 - plain seconds / seconds with.
+    costs = Spread([(1 - p / c) * 100 for p, c in zip(plain, with_ckpt, strict=True)])
+    none_rate = per_block * steps / statistics.median(plain)
+    label = f"{state_mib} MiB state"
+    row("training without checkpoints (baseline)", label, None, f"{none_rate:.1f} steps/s", "")
+    spread = f"{costs.median:+.1f}% ({min(costs.values):+.1f} to {max(costs.values):+.1f})"
     row(
-        "training without checkpoints (baseline)",
-        f"{state_mib} MiB state",
+        f"training, async checkpoint every {steps} steps (~{steps / none_rate:.1f} s), "
+        f"{pairs} pairs of {per_block}",
+        label,
         None,
-        f"{none_rate:.1f} steps/s",
-        "1.00x",
-    )
-    row(
-        f"training, async checkpoint every {steps} steps (~{steps / none_rate:.1f} s)",
-        f"{state_mib} MiB state",
-        None,
-        f"{steps / statistics.median(with_ckpt):.1f} steps/s",
-        f"{ratio:.3f}x ({cost * 100:+.1f}% cost)",
-        "cost <= 5%",
-        verdict(cost, 0.05),
+        f"{per_block * steps / statistics.median(with_ckpt):.1f} steps/s",
+        f"cost {spread}",
+        "cost <= 2%",
+        verdict(costs.median, 2.0),
     )
     fresh(work / "async")
 
@@ -554,12 +763,11 @@ def sweep(work: Path, repeat: int, mib: int) -> None:
             for offset in range(0, len(data), chunk):
                 fn(view[offset : offset + chunk])
             samples.append(time.perf_counter() - started)
-        seconds = statistics.median(samples)
-        row(f"hash {name}, 4 MiB pieces", "256 MiB", seconds, gibps(len(data), seconds), "")
+        seconds = Spread(samples)
+        row(f"hash {name}, 4 MiB pieces", "256 MiB", seconds, seconds.rate(len(data)), "")
     state = make_state(mib)
     total = nbytes_of(state)
-    flat = aligned_empty(total)
-    np.concatenate([a.view(np.uint8) for a in state.values()], out=flat)
+    flat = flatten(state)
 
     def raw() -> float:
         return raw_write(flat, work)
@@ -597,43 +805,45 @@ def sweep(work: Path, repeat: int, mib: int) -> None:
     for size in sizes:
         contenders[f"save {size}"] = saver(size)
         contenders[f"load {size}"] = loader(size)
-    result = interleaved(contenders, "raw", repeat)
+    result = interleaved(contenders, repeat)
+    for kind, title in (("save", "full save"), ("load", "restore")):
+        for size in sizes:
+            seconds = Spread(result[f"{kind} {size}"])
+            row(
+                f"{title}, {size} MiB chunks",
+                f"{mib} MiB",
+                seconds,
+                gibps(total, seconds.median),
+                f"{ratios(seconds.values, result['raw']).ratio()} raw write",
+            )
     for size in sizes:
-        seconds, ratio = result[f"save {size}"]
-        row(
-            f"full save, {size} MiB chunks",
-            f"{mib} MiB",
-            seconds,
-            gibps(total, seconds),
-            f"{ratio:.2f}x raw",
-        )
-    for size in sizes:
-        seconds, ratio = result[f"load {size}"]
-        row(
-            f"restore, {size} MiB chunks",
-            f"{mib} MiB",
-            seconds,
-            gibps(total, seconds),
-            f"{ratio:.2f}x raw write",
-        )
-        fresh(work / f"sweep-{size}")
+        fresh(work / f"sweep-save-{size}")
+        fresh(work / f"sweep-load-{size}")
 
 
-def print_table() -> None:
-    header: Row = ("measurement", "size", "median s", "rate", "ratio", "target", "")
-    widths = [max(len(r[i]) for r in [header, *ROWS]) for i in range(len(header))]
-    for line in [header, tuple("-" * w for w in widths), *ROWS]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+def print_table(header: Row, rows: list[Row]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for line in [header, tuple("-" * w for w in widths), *rows]:
+        cells = zip(line, widths, strict=True)
+        print("  ".join(cell.ljust(width) for cell, width in cells).rstrip())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="64,256,1024", help="State sizes in MiB.")
     parser.add_argument("--dir", default=None, help="Scratch folder (default: a temp folder).")
-    parser.add_argument("--repeat", type=int, default=5, help="Repetitions per measurement.")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="Repetitions per measurement (at least 5)."
+    )
     parser.add_argument("--async-mb", type=int, default=256, help="State size of the async run.")
     parser.add_argument(
-        "--async-interval", type=float, default=5.0, help="Seconds of training per checkpoint."
+        "--async-interval", type=float, default=1.5, help="Seconds of training per checkpoint."
+    )
+    parser.add_argument(
+        "--async-pairs", type=int, default=6, help="Pairs of blocks (with / without) measured."
+    )
+    parser.add_argument(
+        "--async-per-block", type=int, default=4, help="Checkpoints in each measured block."
     )
     parser.add_argument("--sweep", action="store_true", help="Also the hash/chunk-size sweeps.")
     parser.add_argument("--restore-child", nargs=3, help=argparse.SUPPRESS)
@@ -642,25 +852,39 @@ def main() -> int:
         kind, path, key = args.restore_child
         restore_child(kind, Path(path), key)
         return 0
+    if args.repeat < 5:
+        parser.error("--repeat must be at least 5: a median of fewer says little here")
+    warnings.filterwarnings("ignore", module="torch.distributed")
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="baton-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
     started = time.perf_counter()
     try:
+        bench_limits(min(max(sizes), 1024), work, args.repeat)
         if args.sweep:
             sweep(work, args.repeat, max(sizes))
         for mib in sizes:
-            bench_size(mib, work, args.repeat if mib < 1024 else max(3, args.repeat - 2))
+            bench_size(mib, work, args.repeat)
         bench_lora(max(sizes), work, args.repeat)
-        bench_async(args.async_mb, work, args.repeat + 1, args.async_interval)
+        bench_async(
+            args.async_mb, work, args.async_pairs, args.async_interval, args.async_per_block
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            scratch.rmdir()  # only when empty: a folder given with --dir is left as it was
     print(
         f"Baton checkpoint benchmark: chunk size {DEFAULT_CHUNK_SIZE // MIB} MiB, "
-        f"{os.cpu_count()} CPUs, scratch {scratch}, {time.perf_counter() - started:.0f} s"
+        f"{os.cpu_count()} CPUs, {args.repeat} interleaved repetitions, "
+        f"{time.perf_counter() - started:.0f} s"
     )
-    print_table()
+    print()
+    print("This machine's limits, median (min-max) over the repetitions:")
+    print_table(("limit", "size", "rate"), LIMITS)
+    print()
+    print("Ratios: median of the per-repetition ratios (min-max):")
+    print_table(("measurement", "size", "median s", "rate", "ratio", "target", ""), ROWS)
     return 0
 
 
