@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 from jobs.choices import JobState
 from jobs.lifecycle import is_finished
 from jobs.models import Job
-from migration import orchestration
+from migration import orchestration, replication
 from migration.checkpoint import ManifestRef, StoreConfigError
 from migration.choices import (
     ACTIVE_INSTANCE_STATES,
@@ -30,6 +30,7 @@ from migration.choices import (
 )
 from migration.events import broadcast
 from migration.models import Checkpoint, Instance, InterruptionEvent, LogLine
+from portal.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,10 @@ def _checkpoint(instance: Instance, job: Job, event: dict[str, Any]) -> None:
         },
     )
     orchestration.on_checkpoint(job, instance, checkpoint)
+    if replication.rank_rows_complete(checkpoint):  # every rank has it: copies go out now
+        first = replication.rank_zero_row(checkpoint)
+        replication.record_home(first)
+        enqueue_on_commit("migration.tasks.replicate_checkpoint_task", first.pk)
 
 
 def _restore(instance: Instance, job: Job, event: dict[str, Any]) -> None:

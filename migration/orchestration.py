@@ -32,7 +32,7 @@ from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
 from migration.agent_tokens import issue_agent_token
 from migration.backends import AgentSpec, get_backend, instance_dir, provisioning_delay
-from migration.checkpoint import ManifestRef, open_store
+from migration.checkpoint import ManifestRef
 from migration.choices import (
     ACTIVE_INSTANCE_STATES,
     CheckpointKind,
@@ -41,12 +41,18 @@ from migration.choices import (
     Market,
     MigrationPhase,
     MigrationTrigger,
-    ReplicaStatus,
     TimelineKind,
 )
 from migration.events import record_event
 from migration.imds import metadata_url
-from migration.models import Checkpoint, CheckpointReplica, Instance, Migration
+from migration.models import Checkpoint, Instance, Migration
+from migration.replication import (
+    CopyOutcome,
+    ReplicationFailed,
+    copy_to_region,
+    holders,
+    verify_replica,
+)
 from migration.selectors import checkpoint_rank, complete_checkpoints, open_migration
 from migration.services import (
     AGENT_GRACE_S,
@@ -55,6 +61,7 @@ from migration.services import (
     release_process,
     reserve_placement,
 )
+from migration.stores import region_store
 from portal.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
@@ -77,11 +84,6 @@ def _current_ranks(job: Job, migration: Migration | None) -> QuerySet[Instance]:
     """Active instances running the job now: not the ones placed for `migration`."""
     active = _active(job)
     return active.exclude(migration=migration) if migration is not None else active
-
-
-def store_url(region: str, project: str) -> str:
-    """The checkpoint store of `region`, inside the project's namespace."""
-    return (settings.BATON_STORE_ROOT / region / project).as_uri()
 
 
 def _has_event(migration: Migration, kind: str) -> bool:
@@ -136,7 +138,9 @@ def agent_spec(instance: Instance, token: str, master_port: int) -> AgentSpec:
         "BATON_MASTER_ADDR": "127.0.0.1",
         "BATON_MASTER_PORT": str(master_port),
         "BATON_CHECKPOINT_DIR": str(folder / "checkpoint"),
-        "BATON_STORE_URL": store_url(instance.pool.region.code, job.project.slug),
+        # Two tiers: snapshots go to the instance's own disk first, then to its region's store.
+        "BATON_LOCAL_STORE_URL": (folder / "local-store").as_uri(),
+        **region_store(instance.pool.region.code, job.project.slug).environ(),
         "BATON_RESUME": instance.resume_manifest,
         "BATON_METADATA_URL": metadata_url(instance.pk),
         "BATON_PORTAL_URL": settings.BATON_PUBLIC_URL,
@@ -159,86 +163,106 @@ def agent_spec(instance: Instance, token: str, master_port: int) -> AgentSpec:
     return AgentSpec(argv=argv, environ=environ, delay_s=provisioning_delay(instance.pool))
 
 
-def _replicate(job: Job, migration: Migration, target_region: str) -> dict[str, Any]:
-    """Make the migration's checkpoint (every rank's manifest) available in the target
-    region's store: a copy of the chunks it lacks from the home store. Runs outside any
-    transaction; returns what the replica_ready event says."""
+def _replica_ready(job: Job, migration: Migration, copy: CopyOutcome) -> None:
+    """The migration's checkpoint is ready in the target region: say where it came from, and
+    have the replica there read back and hash-checked while the instances start."""
     checkpoint = migration.checkpoint
-    assert checkpoint is not None and checkpoint.region is not None
-    home = checkpoint.region.code
-    if home == target_region:
-        return {"region": target_region, "source": home, "copied_bytes": 0, "seconds": 0.0}
-    started = timezone.now()
-    ref = ManifestRef.parse(checkpoint.manifest_key)
-    copied = 0
-    with (
-        open_store(store_url(home, job.project.slug)) as source,
-        open_store(store_url(target_region, job.project.slug)) as destination,
+    assert checkpoint is not None
+    if copy.source == copy.region:
+        note = f"a ready replica was already in {copy.region}"
+    else:
+        ms = "" if copy.latency_ms is None else f", {copy.latency_ms:.0f} ms away"
+        note = (
+            f"no ready replica in {copy.region}: fetched from {copy.source}, the nearest region "
+            f"holding one{ms}"
+        )
+    migration.phase = MigrationPhase.STARTING
+    migration.save(update_fields=["phase"])
+    record_event(
+        job,
+        TimelineKind.REPLICA_READY,
+        {"checkpoint": checkpoint.pk, "step": checkpoint.step, **copy.as_event(), "note": note},
+        migration=migration,
+    )
+    enqueue_on_commit(
+        "migration.tasks.validate_replica_task", migration.pk, checkpoint.pk, copy.region
+    )
+
+
+def _placed(job: Job) -> list[Instance]:
+    """The instances placed for the job and not launched yet."""
+    return list(
+        _active(job)
+        .filter(launched_at__isnull=True, state=InstanceState.PROVISIONING)
+        .select_related("pool__region")
+    )
+
+
+def _waiting_for_replica(job: Job) -> tuple[Migration, str] | None:
+    """The migration of a starting job whose checkpoint is not yet ready for its latest
+    placement, with the region it was placed in; None when nothing needs copying."""
+    migration = open_migration(job)
+    placed = _placed(job)
+    if (
+        job.state != JobState.STARTING
+        or migration is None
+        or migration.checkpoint_id is None
+        or not placed
+        or _replica_ready_for_placement(migration)
     ):
-        for rank in range(job.nodes):
-            copied += source.copy(ref.for_rank(rank), destination).bytes_copied
-    seconds = round((timezone.now() - started).total_seconds(), 3)
-    return {"region": target_region, "source": home, "copied_bytes": copied, "seconds": seconds}
+        return None
+    migration = Migration.objects.select_related("checkpoint__job__project").get(pk=migration.pk)
+    return migration, placed[0].pool.region.code
 
 
 def start_job(job_id: int) -> int:
-    """Start a placed job's instances: for a migration, first make its checkpoint available in
-    the target region (`replica_ready`). Safe to run twice: an instance is launched once.
-    Returns how many instances it launched."""
+    """Start a placed job's instances. For a migration the checkpoint must be ready in the
+    target region first: when a replica is there it is used at once, otherwise the copy is
+    queued (`replication`) and the instances start after it. Safe to run twice: an instance is
+    launched once. Returns how many instances it launched."""
     with transaction.atomic():
         job = Job.objects.select_for_update().select_related("project").get(pk=job_id)
         if job.state != JobState.STARTING:
             return 0
-        migration = open_migration(job)
-        if migration is not None:
-            migration = Migration.objects.select_related("checkpoint__region").get(pk=migration.pk)
-        placed = list(
-            _active(job)
-            .filter(launched_at__isnull=True, state=InstanceState.PROVISIONING)
-            .select_related("pool__region")
-        )
-        if not placed:
-            return 0
-        needs_replica = (
-            migration is not None
-            and migration.checkpoint_id is not None
-            and not _replica_ready_for_placement(migration)
-        )
-    if needs_replica:
-        assert migration is not None
-        region_id = placed[0].pool.region_id
-        try:
-            data = _replicate(job, migration, placed[0].pool.region.code)
-        except Exception as exc:  # a failed copy: the job waits and is placed again
-            logger.exception("copying the checkpoint of job %s failed", job_id)
-            with transaction.atomic():
-                job = Job.objects.select_for_update().get(pk=job_id)
-                fail_job(job, f"the checkpoint could not be copied to the target region: {exc}")
-            return 0
+        waiting = _waiting_for_replica(job)
+        if waiting is not None:
+            migration, region = waiting
+            assert migration.checkpoint is not None
+            if region in holders(migration.checkpoint):
+                _replica_ready(job, migration, CopyOutcome(region, region, 0.0, 0, 0, 0.0))
+            else:
+                migration.phase = MigrationPhase.REPLICATING
+                migration.save(update_fields=["phase"])
+                enqueue_on_commit("migration.tasks.replicate_for_start_task", job.pk)
+                return 0
+    return launch_instances(job_id)
+
+
+def copy_for_start(job_id: int) -> int:
+    """Copy a starting job's checkpoint to the region it was placed in (from the nearest
+    region holding a ready copy), then start its instances. A checkpoint no region can copy
+    fails the job."""
+    job = Job.objects.select_related("project").get(pk=job_id)
+    waiting = _waiting_for_replica(job)
+    if waiting is None:
+        return launch_instances(job_id)
+    migration, region = waiting
+    assert migration.checkpoint is not None
+    try:
+        copy = copy_to_region(migration.checkpoint, region)
+    except ReplicationFailed as exc:
+        logger.warning("job %s: %s", job_id, exc)
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
-            migration = Migration.objects.select_related("checkpoint").get(pk=migration.pk)
-            if job.state != JobState.STARTING or _replica_ready_for_placement(migration):
-                return 0
-            checkpoint = migration.checkpoint
-            assert checkpoint is not None
-            CheckpointReplica.objects.update_or_create(
-                checkpoint=checkpoint,
-                region_id=region_id,
-                defaults={
-                    "status": ReplicaStatus.READY,
-                    "bytes": checkpoint.bytes_total,
-                    "completed_at": timezone.now(),
-                },
-            )
-            migration.phase = MigrationPhase.STARTING
-            migration.save(update_fields=["phase"])
-            record_event(
-                job,
-                TimelineKind.REPLICA_READY,
-                {"checkpoint": checkpoint.pk, "step": checkpoint.step, **data},
-                migration=migration,
-            )
+            if job.state == JobState.STARTING:
+                fail_job(job, f"the checkpoint could not be copied to the target region: {exc}")
+        return 0
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        again = _waiting_for_replica(job)
+        if again is None or again[0].pk != migration.pk or again[1] != region:
+            return 0  # placed elsewhere meanwhile: that placement copies for itself
+        _replica_ready(job, again[0], copy)
     return launch_instances(job_id)
 
 
@@ -364,7 +388,17 @@ def _pre_reserve(job: Job, migration: Migration) -> dict[str, Any] | None:
     pool, reason = placed
     migration.to_pool_id = pool.pk
     migration.save(update_fields=["to_pool"])
-    return {"pool": pool.pk, "instance_type": pool.instance_type, "reason": reason}
+    newest = complete_checkpoints(job)
+    if newest:  # the newest checkpoint goes to the target region now, not after the final notice
+        enqueue_on_commit(
+            "migration.tasks.replicate_checkpoint_task", newest[0].pk, pool.region.code
+        )
+    return {
+        "pool": pool.pk,
+        "instance_type": pool.instance_type,
+        "region": pool.region.code,
+        "reason": reason,
+    }
 
 
 def on_checkpoint(job: Job, instance: Instance, checkpoint: Checkpoint) -> None:
@@ -601,13 +635,23 @@ def on_restore(job: Job, instance: Instance, event: dict[str, Any]) -> None:
     )
     migration.phase = MigrationPhase.VALIDATING
     migration.save(update_fields=["phase"])
+    _judge(job, migration)
+
+
+def _judge(job: Job, migration: Migration) -> None:
+    """Every rank restored: compare each restored loss with the checkpoint's reference (the
+    numbers), with the replica's read-back if it is done (a restore hash-checks every chunk it
+    reads in any case)."""
+    validation = migration.validation or {}
+    ranks = validation.get("ranks") or {}
+    integrity = validation.get("integrity")
     failures = [r for r in ranks.values() if not _matches(r.get("val_loss"), r.get("reference"))]
     tolerance = settings.BATON_VALIDATION_TOLERANCE
     if failures:
         record_event(
             job,
             TimelineKind.VALIDATION_FAILED,
-            {"ranks": failures, "tolerance": tolerance},
+            {"ranks": failures, "tolerance": tolerance, "integrity": integrity},
             migration=migration,
         )
         rollback(job, migration, "the restored loss does not match the checkpoint's reference")
@@ -619,6 +663,8 @@ def on_restore(job: Job, instance: Instance, event: dict[str, Any]) -> None:
         {
             "tolerance": tolerance,
             "compared": checked,
+            "integrity": integrity
+            or {"ok": True, "note": "every chunk the restore read was hash-checked"},
             "note": "restored loss matches the reference"
             if checked
             else "no validation reference in the checkpoint: integrity (chunk hashes) only",
@@ -626,6 +672,35 @@ def on_restore(job: Job, instance: Instance, event: dict[str, Any]) -> None:
         migration=migration,
     )
     _running(job, migration)
+
+
+def validate_replica(migration_id: int, checkpoint_id: int, region: str) -> bool:
+    """Read back and hash-check every chunk of the replica a migration restores from, while
+    its instances start. A corrupt replica is a failed validation: roll back. Returns ok."""
+    checkpoint = Checkpoint.objects.select_related("job__project").filter(pk=checkpoint_id).first()
+    if checkpoint is None:
+        return False
+    result = verify_replica(checkpoint, region)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=checkpoint.job_id)
+        migration = open_migration(job)
+        if (
+            migration is None
+            or migration.pk != migration_id
+            or migration.checkpoint_id != checkpoint_id
+            or job.state != JobState.STARTING
+        ):
+            return result.ok  # judged or rolled back meanwhile
+        validation = dict(migration.validation or {})
+        validation["integrity"] = result.as_event()
+        migration.validation = validation
+        migration.save(update_fields=["validation"])
+        if not result.ok:
+            record_event(
+                job, TimelineKind.VALIDATION_FAILED, {"integrity": result.as_event()}, migration
+            )
+            rollback(job, migration, f"the replica in {region} is corrupt: {result.error}")
+    return result.ok
 
 
 def _matches(val_loss: object, reference: object) -> bool:
@@ -718,6 +793,8 @@ def fail_job(job: Job, error: str, failed: Instance | None = None) -> None:
 
 def restore_failed(job: Job, instance: Instance, error: str) -> None:
     """A rank could not restore (or failed right after it): roll back, not fail the job."""
+    if instance.state not in ACTIVE_INSTANCE_STATES:
+        return  # ended by a rollback already under way
     migration = open_migration(job)
     if migration is None or migration.checkpoint_id is None:
         fail_job(job, f"rank {instance.rank}: {error}", failed=instance)

@@ -386,3 +386,18 @@ def place_many(
             free[result.pool.id] -= request.nodes
         results.append(result)
     return results
+
+
+def likely_regions(requests: Iterable[PlacementRequest], pools: list[PoolView]) -> list[str]:
+    """The regions a job would land in next, most likely first: every region with a pool that
+    fits one of `requests` (a market each) under its cap, ordered by its best candidate as
+    placement ranks them, pools with room for the gang before full ones."""
+    best: dict[str, tuple[bool, tuple[float, bool, bool, int]]] = {}
+    for request in requests:
+        for pool, option in _candidates(request, pools):
+            if not _under_cap(pool, request):
+                continue
+            key = (pool.free < request.nodes, _candidate(pool, option, request).key)
+            if pool.region not in best or key < best[pool.region]:
+                best[pool.region] = key
+    return sorted(best, key=lambda region: best[region])

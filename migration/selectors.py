@@ -38,6 +38,7 @@ from migration.placement import (
     cheapest_fit,
     choose_pool,
 )
+from migration.placement import likely_regions as rank_regions
 
 REPLAY_LIMIT = 5000
 # The interval assumed for a job that checkpoints by steps only (the seed's 5 minutes).
@@ -200,6 +201,16 @@ class Prospects:
         return request.checkpoint_interval_hours / 2
 
 
+def allowed_pools(job: Job, views: list[PoolView]) -> list[PoolView]:
+    """`views` without the spot pools the job's tolerance refuses (too often interrupted)."""
+    return [
+        p
+        for p in views
+        if p.market != Market.SPOT
+        or spot_pool_allowed(job.tolerance, p.interruption_rate_per_hour * job.nodes)
+    ]
+
+
 def prospects(
     job: Job,
     *,
@@ -216,12 +227,7 @@ def prospects(
     figures, so the policy can say why spot is out.
     """
     views = [p for p in (pool_views() if pools is None else pools) if p.id not in exclude_pools]
-    allowed = [
-        p
-        for p in views
-        if p.market != Market.SPOT
-        or spot_pool_allowed(job.tolerance, p.interruption_rate_per_hour * job.nodes)
-    ]
+    allowed = allowed_pools(job, views)
     overhead = migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS)
     spot_request = _request(job, Market.SPOT, overhead, replica_regions)
     od_request = replace(spot_request, market=Market.ON_DEMAND)
@@ -234,6 +240,15 @@ def prospects(
         spot_request=spot_request,
         overhead_hours=overhead,
     )
+
+
+def likely_regions(job: Job) -> list[str]:
+    """The regions the job would land in next, most likely first (either market, ranked as
+    placement ranks pools, those with room first): where its checkpoints are replicated."""
+    pools = allowed_pools(job, pool_views())
+    spot = _request(job, Market.SPOT, migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS))
+    markets = [] if job.on_demand_only else [spot]
+    return rank_regions([*markets, replace(spot, market=Market.ON_DEMAND)], pools)
 
 
 def remaining_work_hours(job: Job) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from migration import interruptions, market_tick, orchestration, services, sweeps
+from migration import interruptions, market_tick, orchestration, replication, services, sweeps
 from portal.enqueue import enqueue_on_commit
 
 # The database's transient errors (a lock timeout, a dropped connection) are retried.
@@ -23,6 +23,26 @@ def start_job_task(job_id: int) -> int:
     """Start a placed job: its checkpoint in the target region, then its instances (queue
     `placement`: it is the second half of a placement)."""
     return orchestration.start_job(job_id)
+
+
+@shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
+def replicate_for_start_task(job_id: int) -> int:
+    """Copy a starting job's checkpoint to the region it was placed in, then start it (queue
+    `replication`, so placement never waits behind a copy)."""
+    return orchestration.copy_for_start(job_id)
+
+
+@shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
+def replicate_checkpoint_task(checkpoint_id: int, region: str | None = None) -> int:
+    """Copy a new checkpoint to the regions the job may land in next (or to `region`), then
+    apply retention (queue `replication`). Returns how many copies were made."""
+    return len(replication.replicate(checkpoint_id, region))
+
+
+@shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
+def validate_replica_task(migration_id: int, checkpoint_id: int, region: str) -> bool:
+    """Read back and hash-check the replica a migration restores from (queue `validation`)."""
+    return orchestration.validate_replica(migration_id, checkpoint_id, region)
 
 
 @shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
