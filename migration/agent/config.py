@@ -60,6 +60,8 @@ class AgentConfig:
     default_window: float = 120.0
     sync_interval: float = 5.0
     step_file: str = ""
+    resume_args: tuple[str, ...] = ()
+    total_steps: int | None = None
     progress_pattern: re.Pattern[str] = field(
         default_factory=lambda: re.compile(r"\bstep[= ](\d+)")
     )
@@ -75,10 +77,12 @@ class AgentConfig:
     echo_output: bool = False
     log_level: str = "INFO"
 
-    def workload_command(self) -> list[str]:
-        """The command with `{checkpoint_dir}` replaced by the checkpoint folder."""
+    def workload_command(self, resumed: bool = False) -> list[str]:
+        """The command (plus the resume arguments when a checkpoint was put in place) with
+        `{checkpoint_dir}` replaced by the checkpoint folder."""
         folder = str(self.checkpoint_dir)
-        return [part.replace("{checkpoint_dir}", folder) for part in self.command]
+        parts = [*self.command, *self.resume_args] if resumed else self.command
+        return [part.replace("{checkpoint_dir}", folder) for part in parts]
 
 
 class _Env:
@@ -158,27 +162,35 @@ def parse_signal(name: str, raw: str) -> signal.Signals:
         raise ConfigError(name, f"is not a signal name or number: {raw!r}") from None
 
 
+def _string_list(env: _Env, name: str, empty_ok: bool) -> tuple[str, ...] | None:
+    """A JSON list of non-empty strings in variable `name`; None when it is not set."""
+    raw = env.text(name)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(name, f"is not valid JSON ({exc.msg})") from None
+    if (
+        not isinstance(value, list)
+        or not (value or empty_ok)
+        or not all(isinstance(part, str) and part for part in value)
+    ):
+        raise ConfigError(name, f"must be a{'' if empty_ok else ' non-empty'} JSON list of strings")
+    return tuple(value)
+
+
 def _command(env: _Env, argv: Sequence[str]) -> tuple[str, ...]:
     """The workload command: after `--` on the command line, else BATON_AGENT_COMMAND (JSON)."""
     if argv:
         return tuple(argv)
-    raw = env.text("BATON_AGENT_COMMAND")
-    if not raw:
+    command = _string_list(env, "BATON_AGENT_COMMAND", empty_ok=False)
+    if command is None:
         raise ConfigError(
             "BATON_AGENT_COMMAND",
             "no workload command: give it after `--` or as a JSON list in BATON_AGENT_COMMAND",
         )
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("BATON_AGENT_COMMAND", f"is not valid JSON ({exc.msg})") from None
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(part, str) and part for part in value)
-    ):
-        raise ConfigError("BATON_AGENT_COMMAND", "must be a non-empty JSON list of strings")
-    return tuple(value)
+    return command
 
 
 def load_config(environ: Mapping[str, str] | None = None, argv: Sequence[str] = ()) -> AgentConfig:
@@ -208,6 +220,12 @@ def load_config(environ: Mapping[str, str] | None = None, argv: Sequence[str] = 
     store_url = env.url("BATON_STORE_URL", schemes=("file", "s3"))
     if mode == "directory" and not store_url:
         raise ConfigError("BATON_STORE_URL", "is required in directory mode")
+    if store_url.startswith("file:") and not re.match(r"file://(localhost)?/.", store_url):
+        raise ConfigError(
+            "BATON_STORE_URL",
+            f"{store_url!r} is not an absolute folder: use file:///absolute/path "
+            "(three slashes; for a folder here, file://$PWD/store)",
+        )
     portal_url = env.url("BATON_PORTAL_URL")
     token = env.text("BATON_AGENT_TOKEN")
     if portal_url and not token:
@@ -265,6 +283,8 @@ def load_config(environ: Mapping[str, str] | None = None, argv: Sequence[str] = 
         default_window=seconds("BATON_AGENT_DEFAULT_WINDOW", 120.0, positive=True),
         sync_interval=seconds("BATON_AGENT_SYNC_INTERVAL", 5.0),
         step_file=env.text("BATON_AGENT_STEP_FILE"),
+        resume_args=_string_list(env, "BATON_AGENT_RESUME_ARGS", empty_ok=True) or (),
+        total_steps=env.integer("BATON_AGENT_TOTAL_STEPS", None, minimum=1),
         progress_pattern=pattern,
         listener_max_restarts=integer("BATON_AGENT_LISTENER_MAX_RESTARTS", 5, minimum=0),
         listener_restart_window=seconds("BATON_AGENT_LISTENER_RESTART_WINDOW", 60.0, True),
@@ -283,7 +303,7 @@ def load_config(environ: Mapping[str, str] | None = None, argv: Sequence[str] = 
 
 
 def workload_environment(
-    config: AgentConfig, agent_url: str, base: Mapping[str, str]
+    config: AgentConfig, agent_url: str, base: Mapping[str, str], resumed: bool = False
 ) -> dict[str, str]:
     """The environment the workload runs with: `base` plus the BATON_* variables of DESIGN §5."""
     # The token stays with the agent: the workload is user code and needs no portal credential.
@@ -300,6 +320,7 @@ def workload_environment(
             "BATON_S3_ENDPOINT": config.s3_endpoint,
             "BATON_RESUME": config.resume,
             "BATON_AGENT_URL": agent_url,
+            "BATON_RESUMED": "1" if resumed else "0",
             # Python workloads otherwise block-buffer a pipe, and the log would lag by kilobytes.
             "PYTHONUNBUFFERED": "1",
         }

@@ -8,12 +8,18 @@ writes chunks it does not have and does not even read files whose size and mtime
 unchanged. After the workload exits, one last sync records the folder as `emergency` (it was
 preempted) or `final` (it finished).
 
+A half-written file is never synced (decision 060): a file a process of the workload holds
+open for writing keeps the version the previous sync recorded; so does, after the workload
+died (a signal or a non-zero status), every file that changed since the sync last saw it with
+no writer. A file that keeps changing while it is read keeps its previous version too.
+
 A directory-mode workload does not tell the agent which step its files hold. The step recorded
 for a sync is read from `BATON_AGENT_STEP_FILE` (a JSON file in the folder with `step` or
-`global_step`, or a bare number) when configured, else the last step seen in the workload's
-output, and never goes below the previous sync's step (see `_next_step`), so the store's
-"latest" is always the newest sync. The step is a label: a sync can catch a workload between
-writing two of its files, and the files, not the label, are what a restore puts back.
+`global_step`, or a bare number) when configured; else it is the step the output showed when
+the newest synced file was last modified (its mtime against the times steps were read, see
+`step_at`), which for a script that saves between steps is the step its files hold. It never
+goes below the previous sync's step (see `_next_step`), so the store's "latest" is always the
+newest sync.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from migration.checkpoint import ManifestRef, StoreError, open_store
-from migration.checkpoint.directory import RESTORE_TMP
+from migration.agent import writers
+from migration.agent.config import ConfigError
+from migration.checkpoint import ManifestRef, StoreConfigError, StoreError, open_store
+from migration.checkpoint.directory import RESTORE_TMP, save_directory
 
 if TYPE_CHECKING:
     from migration.agent.config import AgentConfig
@@ -38,6 +47,13 @@ logger = logging.getLogger(__name__)
 
 Snapshot = dict[str, tuple[int, int]]
 SCAN_EVERY = 0.25
+# How long one look at the workload's open files is trusted (one save asks once per file).
+WRITERS_TTL = 0.05
+# A file's mtime comes from the kernel's coarse clock (a tick behind, up to 4 ms) and a line is
+# read a moment after it was printed: a step read this soon after a file's mtime still counts
+# as shown before the write.
+MTIME_SLACK_NS = 10_000_000
+STEP_HISTORY = 100_000
 
 
 class RestoreError(RuntimeError):
@@ -102,9 +118,18 @@ class DirectorySync:
         self.step_file = step_file
         self.syncs = 0
         self.last_ref: ManifestRef | None = None
+        self.session: int | None = None
         self._synced: Snapshot | None = None
         self._synced_at = 0.0
         self._lock = threading.Lock()
+        # The last state of each file seen with no writer (under _watch_lock), and the steps
+        # the output showed with the time each was read.
+        self._watch_lock = threading.Lock()
+        self._quiet: Snapshot = {}
+        self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)
+        self._base_step = 0
+        self._writers: set[str] = set()
+        self._writers_at = -1.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,6 +143,8 @@ class DirectorySync:
         """The sync of the agent's configured folder and store; RestoreError if unusable."""
         try:
             store = open_store(config.store_url, endpoint=config.s3_endpoint or None)
+        except StoreConfigError as exc:
+            raise ConfigError("BATON_STORE_URL", str(exc)) from exc
         except StoreError as exc:
             raise RestoreError(f"cannot open the store: {exc}") from exc
         return cls(
@@ -155,6 +182,7 @@ class DirectorySync:
             if ref is None:
                 logger.info("no checkpoint of job %s in the store; starting fresh", self.job)
                 self._synced = snapshot(self.folder)
+                self._start_watch(None)
                 return None
             started = time.monotonic()
             stats = self.store.restore_directory(ref, self.folder, clean=True)
@@ -165,7 +193,16 @@ class DirectorySync:
             ) from exc
         self.last_ref = ref
         self._synced = snapshot(self.folder)
-        logger.info("restored %s into %s", ref, self.folder)
+        self._start_watch(ref.step)
+        logger.info(
+            "restored %s (step %d, %s) into %s: %d files, %d bytes written",
+            ref.key,
+            ref.step,
+            ref.kind,
+            self.folder,
+            stats.files_written,
+            stats.bytes_written,
+        )
         return {
             "manifest": ref.key,
             "step": ref.step,
@@ -179,41 +216,118 @@ class DirectorySync:
             "source": "directory",
         }
 
+    # -- watching the workload's writes -------------------------------------------------------
+
+    def _start_watch(self, step: int | None) -> None:
+        assert self._synced is not None
+        with self._watch_lock:
+            self._quiet = {rel: st for rel, st in self._synced.items() if st[0] >= 0}
+            self._base_step = step or 0
+
+    def note_step(self, step: int) -> None:
+        """The workload's output showed `step` (now)."""
+        with self._watch_lock:
+            if not self._steps or self._steps[-1][1] != step:
+                self._steps.append((time.time_ns(), step))
+
+    def step_at(self, mtime_ns: int) -> int:
+        """The step the output showed when a file was last modified at `mtime_ns` (the
+        restored step before the first step was read)."""
+        with self._watch_lock:
+            if not self._steps:
+                # No step read from the output (yet): the agent's own idea of the step.
+                hint = self.step_hint()
+                return self._base_step if hint is None else hint
+            for seen_ns, seen in reversed(self._steps):
+                if seen_ns <= mtime_ns + MTIME_SLACK_NS:
+                    return seen
+            return self._base_step
+
+    def watch(self, session: int) -> None:
+        """From now on, files the processes of `session` hold open for writing are busy."""
+        self.session = session
+
+    def writing(self) -> set[str]:
+        """Files of the folder the workload holds open for writing (looked up at most every
+        WRITERS_TTL seconds)."""
+        if self.session is None:
+            return set()
+        now = time.monotonic()
+        if now - self._writers_at > WRITERS_TTL:
+            self._writers = writers.files_being_written(self.session, self.folder)
+            self._writers_at = now
+        return self._writers
+
+    def observe(self) -> None:
+        """One look at the folder: remember each file's state when no process is writing it."""
+        files = {rel: st for rel, st in snapshot(self.folder).items() if st[0] >= 0}
+        with self._watch_lock:
+            moved = any(self._quiet.get(rel) != st for rel, st in files.items())
+        busy = self.writing() if moved else set()
+        with self._watch_lock:
+            for rel, st in files.items():
+                if rel not in busy:
+                    self._quiet[rel] = st
+
+    def untrusted(self) -> set[str]:
+        """Files that changed since they were last seen with no writer: after the workload
+        died, what they hold may be half-written."""
+        with self._watch_lock:
+            quiet = dict(self._quiet)
+        current = snapshot(self.folder)
+        return {rel for rel, st in current.items() if st[0] >= 0 and quiet.get(rel) != st}
+
     # -- sync --------------------------------------------------------------------------------
 
-    def _hinted_step(self) -> int | None:
+    def _hinted_step(self, excluded: set[str] | frozenset[str] = frozenset()) -> int | None:
         if self.step_file:
             step = read_step_file(self.folder / self.step_file)
             if step is not None:
                 return step
-        return self.step_hint()
+        newest = max(
+            (
+                mtime
+                for rel, (size, mtime) in snapshot(self.folder).items()
+                if size >= 0 and rel not in excluded
+            ),
+            default=None,
+        )
+        return None if newest is None else self.step_at(newest)
 
-    def _next_step(self, kind: str) -> int:
+    def _next_step(self, kind: str, excluded: set[str] | frozenset[str] = frozenset()) -> int:
         """The step to record: the hint, never below the previous sync's step.
 
         At the previous step, a sync of the same kind replaces that manifest (the newer files
         win); one whose kind sorts before the previous kind (periodic after an emergency
         checkpoint) goes one step higher, so the store's `latest` is always the newest sync.
         """
-        step = self._hinted_step() or 0
+        step = self._hinted_step(excluded) or 0
         previous = self.last_ref
         if previous is None or step > previous.step:
             return step
         candidate = ManifestRef(self.job, previous.step, kind, self.rank)
         return previous.step + 1 if candidate.sort_key < previous.sort_key else previous.step
 
-    def sync(self, kind: str = "periodic", force: bool = False) -> SaveResult | None:
-        """Save the folder if it changed since the last sync (or `force`); None if skipped."""
+    def sync(
+        self, kind: str = "periodic", force: bool = False, hold: set[str] | None = None
+    ) -> SaveResult | None:
+        """Save the folder if it changed since the last sync (or `force`); None if skipped.
+
+        Files the workload is writing, and those in `hold`, keep their previous version.
+        """
+        hold = hold or set()
         with self._lock:
+            self.observe()
             before = snapshot(self.folder)
             changed = before != self._synced
             if not any(size >= 0 for size, _ in before.values()):
                 return None  # no file yet: nothing a restore could use
             if not changed and not force:
                 return None
-            step = self._next_step(kind)
+            step = self._next_step(kind, hold | self.writing())
             try:
-                result = self.store.save_directory(
+                result = save_directory(
+                    self.store,
                     self.job,
                     self.folder,
                     step,
@@ -221,7 +335,11 @@ class DirectorySync:
                     rank=self.rank,
                     world_size=self.world_size,
                     parent=self.last_ref,
+                    validation_reference=None,
                     meta={"source": "agent-directory-sync"},
+                    cancel=None,
+                    busy=lambda rel: rel in self.writing(),
+                    hold=hold,
                 )
             except (StoreError, OSError) as exc:
                 logger.warning("checkpoint sync of %s failed (retried later): %s", self.folder, exc)
@@ -260,25 +378,39 @@ class DirectorySync:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(min(SCAN_EVERY, self.interval or SCAN_EVERY)):
-            if time.monotonic() - self._synced_at < self.interval:
-                continue
+        while not self._stop.wait(SCAN_EVERY):
             try:
+                if time.monotonic() - self._synced_at < self.interval:
+                    self.observe()
+                    continue
                 self.sync("periodic")
             except Exception:
                 # The next scan tries again; a sync thread that died would silently stop
                 # protecting the job's progress.
                 logger.exception("checkpoint sync failed")
 
-    def stop(self, final_kind: str = "emergency") -> SaveResult | None:
-        """Stop the background sync and sync once more as `final_kind`."""
+    def stop(self, final_kind: str = "emergency", died: bool = False) -> SaveResult | None:
+        """Stop the background sync and sync once more as `final_kind`.
+
+        `died`: the workload ended by a signal or a non-zero status, so files that changed
+        since they were last seen with no writer may be half-written; they keep their
+        previous version.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.session = None
         try:
+            hold = self.untrusted() if died else set()
+            if hold:
+                logger.info(
+                    "the workload died while these files changed; their previous versions are "
+                    "kept: %s",
+                    ", ".join(sorted(hold)),
+                )
             # An unchanged folder already synced in this run is relabelled, so the portal sees
             # the emergency or final checkpoint it waits for; a periodic one is not repeated.
             force = final_kind != "periodic" and self.last_ref is not None
-            return self.sync(final_kind, force=force)
+            return self.sync(final_kind, force=force, hold=hold)
         finally:
             self.store.close()

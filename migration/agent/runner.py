@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from migration.agent import selfcheck
-from migration.agent.config import AgentConfig, workload_environment
+from migration.agent.config import AgentConfig, ConfigError, workload_environment
 from migration.agent.listener import FAILED, Listener
 from migration.agent.local_api import LocalEndpoint
 from migration.agent.logs import LogForwarder, OutputSink
@@ -33,6 +33,7 @@ from migration.agent.metadata import MetadataClient, Notice
 from migration.agent.outbox import EventOutbox
 from migration.agent.portal import PortalClient
 from migration.agent.workload import Workload, WorkloadStartError
+from migration.checkpoint.tiers import upload_after_exit
 
 if TYPE_CHECKING:
     from migration.agent.dirsync import DirectorySync
@@ -134,6 +135,8 @@ class Agent:
         self._stop_signal_name = ""
         self._stop_signals_seen = 0
         self.restore_error = ""
+        self.resumed = False
+        self._final_signal_sent = False
 
     # -- reports from threads ----------------------------------------------------------------
 
@@ -215,6 +218,8 @@ class Agent:
                     self.step = int(found.group(1))
                 except (ValueError, IndexError):
                     return
+                if self.sync is not None:
+                    self.sync.note_step(self.step)
                 self._record_progress({"step": self.step, "source": "output"})
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -226,6 +231,7 @@ class Agent:
     def _handle_notice(self, notice: Notice) -> None:
         if notice.level == "advance":
             self.advance = notice
+            logger.info("advance notice (%s): the instance may be reclaimed soon", notice.source)
             self.outbox.emit("notice", **notice.event())
             if self.config.mode == "sdk" and self._running():
                 assert self.workload is not None
@@ -253,7 +259,9 @@ class Agent:
         self.outbox.emit("notice", **notice.event())
         if first and self._running():
             assert self.workload is not None
-            self.workload.send(self.config.final_signal, group=self.config.signal_group)
+            self._final_signal_sent = self.workload.send(
+                self.config.final_signal, group=self.config.signal_group
+            )
 
     def _drain_notices(self) -> None:
         signals = self._stop_signals
@@ -316,12 +324,10 @@ class Agent:
 
     def _restore(self) -> bool:
         """Directory mode: materialise the checkpoint to resume from. False when it failed."""
-        from migration.agent.dirsync import DirectorySync, RestoreError
+        from migration.agent.dirsync import RestoreError
 
         try:
-            self.sync = DirectorySync.from_config(
-                self.config, emit=self.outbox.emit, step_hint=lambda: self.step
-            )
+            assert self.sync is not None
             restored = self.sync.restore(self.config.resume)
         except RestoreError as exc:
             logger.error("restore failed: %s", exc)
@@ -332,9 +338,24 @@ class Agent:
             self.sync = None
             return False
         if restored is not None:
+            self.resumed = True
             self.step = restored.get("step")  # type: ignore[assignment]
             self.outbox.emit("restore", ok=True, **restored)
         return True
+
+    def _open_sync(self) -> None:
+        """Directory mode: open the store; ConfigError when its URL cannot work."""
+        from migration.agent.dirsync import DirectorySync, RestoreError
+
+        try:
+            self.sync = DirectorySync.from_config(
+                self.config, emit=self.outbox.emit, step_hint=lambda: self.step
+            )
+        except RestoreError as exc:
+            # Not a configuration mistake (the store is unreachable): a failed restore.
+            logger.error("restore failed: %s", exc)
+            self.restore_error = str(exc)
+            self.outbox.emit("restore_failed", manifest=self.config.resume or None, error=str(exc))
 
     def run(self) -> int:
         """Run until the workload has ended and been reported; return the exit status."""
@@ -347,17 +368,14 @@ class Agent:
         self.endpoint.start()
         outcome: Outcome | None = None
         try:
-            self._self_check()
-            self.listener.start()
-            self._heartbeat()
-            if config.mode == "directory" and not self._restore():
-                outcome = Outcome(
-                    "failed",
-                    error=f"restore failed: {self.restore_error}",
-                    exit_code=EXIT_RESTORE_FAILED,
-                )
-            else:
-                outcome = self._supervise()
+            if config.mode == "directory":
+                try:
+                    self._open_sync()
+                except ConfigError as exc:
+                    logger.error("configuration error: %s", exc)
+                    outcome = Outcome("failed", error=str(exc), exit_code=EXIT_CONFIG)
+            if outcome is None:
+                outcome = self._start_and_supervise()
         except Exception as exc:
             logger.exception("the agent failed")
             outcome = Outcome("failed", error=f"agent error: {type(exc).__name__}: {exc}")
@@ -374,15 +392,28 @@ class Agent:
         assert outcome.exit_code is not None
         return outcome.exit_code
 
+    def _start_and_supervise(self) -> Outcome:
+        self._self_check()
+        self.listener.start()
+        self._heartbeat()
+        if self.config.mode == "directory" and (self.restore_error or not self._restore()):
+            return Outcome(
+                "failed",
+                error=f"restore failed: {self.restore_error}",
+                exit_code=EXIT_RESTORE_FAILED,
+            )
+        return self._supervise()
+
     def _supervise(self) -> Outcome:
         config = self.config
         self._drain_notices()
         if self.final is not None:
             logger.warning("final notice before the workload started; not starting it")
             return Outcome("preempted")
+        resumed = self.resumed if config.mode == "directory" else bool(config.resume)
         self.workload = Workload(
-            config.workload_command(),
-            workload_environment(config, self.endpoint.url, self.environ),
+            config.workload_command(resumed),
+            workload_environment(config, self.endpoint.url, self.environ, resumed=resumed),
             self._on_line,
             cwd=None,
         )
@@ -392,6 +423,7 @@ class Agent:
             logger.error("%s", exc)
             return Outcome("failed", error=str(exc))
         if self.sync is not None:
+            self.sync.watch(self.workload.pid)
             self.sync.start()
         next_heartbeat = time.monotonic() + config.heartbeat_interval
         while not self.workload.exited():
@@ -416,14 +448,25 @@ class Agent:
         assert returncode is not None
         return self._outcome(returncode)
 
+    def _finished(self) -> bool:
+        """After status 0: did the workload finish its work, or stop because it was asked to?
+
+        Finished when it never got the final signal, reported a result (the SDK or a `final
+        step=...` line), or reached BATON_AGENT_TOTAL_STEPS; a script that exits 0 on
+        SIGTERM before the end stopped early and is resumed.
+        """
+        if not self._final_signal_sent or self._sdk_result or self._line_result is not None:
+            return True
+        total = self.config.total_steps
+        return total is not None and self.step is not None and self.step >= total
+
     def _outcome(self, returncode: int) -> Outcome:
         sig = signal.Signals(-returncode).name if returncode < 0 else None
         code = returncode if returncode >= 0 else None
-        has_result = self._sdk_result or self._line_result is not None
-        if self.final is not None and not (returncode == 0 and has_result):
-            reason = "preempted"
-        elif returncode == 0:
+        if returncode == 0 and self._finished():
             reason = "finished"
+        elif self.final is not None:
+            reason = "preempted"
         else:
             reason = "failed"
         logger.info("workload ended (%s): %s", f"status {code}" if sig is None else sig, reason)
@@ -438,9 +481,12 @@ class Agent:
                 kind = {"preempted": "emergency", "finished": "final"}.get(
                     outcome.reason, "periodic"
                 )
-                self.sync.stop(final_kind=kind)
+                died = outcome.signal is not None or bool(outcome.returncode)
+                self.sync.stop(final_kind=kind, died=died)
         except Exception:
             logger.exception("the last checkpoint sync failed")
+        # What the workload committed on local disk and did not upload (killed first).
+        upload_after_exit(self.environ, self.outbox.emit)
         self._flush_progress()
         if self._line_result is not None and not self._sdk_result:
             self.outbox.emit("result", **self._line_result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ def test_a_bad_resume_key_is_a_restore_error(store_url: str, tmp_path: Path, res
 def test_a_sync_sends_only_what_changed(store_url: str, tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    (folder / "frozen.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB, never changes
+    (folder / "frozen.bin").write_bytes(os.urandom(2 << 20))  # 2 MiB, never changes
     (folder / "state.json").write_text('{"step": 1}')
     sync, events = make_sync(store_url, folder, step_file="state.json")
     sync.sync()
