@@ -29,6 +29,7 @@ from django.utils import timezone
 from jobs.lifecycle import is_finished
 from jobs.models import Job
 from migration.checkpoint import CorruptChunk, ManifestRef, Store, StoreError
+from migration.checkpoint.store import DEFAULT_GC_GRACE_S
 from migration.choices import (
     ACTIVE_INSTANCE_STATES,
     CheckpointKind,
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 # An S3 region store that does not answer within this long is skipped (the store's own retry
 # budget is a minute: right for a save on an instance, too long for a choice among regions).
 STORE_RETRY_S = 10.0
+# Chunks younger than this are never collected: a save or a copy may be about to name them.
+RETENTION_GRACE_S = DEFAULT_GC_GRACE_S
 
 
 class ReplicationFailed(StoreError):
@@ -156,7 +159,7 @@ def copy_to_region(checkpoint: Checkpoint, target: str) -> CopyOutcome:
                     stats = origin.copy(ref.for_rank(rank), destination)
                     copied += stats.bytes_copied
                     skipped += stats.bytes_skipped
-        except (StoreError, OSError) as exc:
+        except Exception as exc:  # whatever a store raises, that source is skipped
             logger.warning(
                 "copy of checkpoint %s %s -> %s failed: %s", checkpoint.pk, source, target, exc
             )
@@ -324,7 +327,9 @@ def retain(job: Job) -> dict[str, Any]:
     for region in job_regions(job):
         try:
             with open_region(region, job) as store:
-                removed[region] = store.retain(str(job.pk), kept_keys).bytes_removed
+                removed[region] = store.retain(
+                    str(job.pk), kept_keys, grace_s=RETENTION_GRACE_S
+                ).bytes_removed
         except StoreError as exc:
             reached = False
             logger.warning("retention of job %s in %s: %s", job.pk, region, exc)

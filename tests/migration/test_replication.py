@@ -1,0 +1,258 @@
+"""Replication, integrity and retention on real stores: a folder per region, and the real S3
+server for a region configured to use it."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from migration import replication
+from migration.checkpoint import ManifestRef
+from migration.choices import ReplicaStatus
+from migration.models import (
+    CapacityPool,
+    Checkpoint,
+    CheckpointReplica,
+    Instance,
+    Migration,
+    Region,
+    RegionLatency,
+)
+from tests.conftest import submit
+from tests.migration.checkpoint.conftest import S3_ENV, s3_server  # noqa: F401  (a fixture)
+from tests.migration.checkpoint.s3server import BUCKET, S3Server
+
+MIB = 1024 * 1024
+BASE_MB = 8  # frozen, like a pretrained base
+ADAPTER_FLOATS = 64 * 1024  # trained: 256 KiB a tensor, two of them
+
+
+@pytest.fixture
+def regions(catalogue: dict[str, Any]) -> dict[str, Region]:
+    """Three regions with T4 spot capacity; the latency matrix makes us-west-2 nearer to
+    eu-west-1 than us-east-1 is."""
+    east, west = catalogue["region"], Region.objects.get(code="us-west-2")
+    eu = Region.objects.create(code="eu-west-1", name="Ireland")
+    CapacityPool.objects.create(
+        region=eu,
+        zone="euw1-az1",
+        instance_type="g4dn.xlarge",
+        accelerator=catalogue["accelerators"]["T4"],
+        market="spot",
+        price_per_hour=Decimal("0.30"),
+        gpus_per_instance=1,
+        capacity=3,
+    )
+    for source, target, ms in [(east, west, 70), (east, eu, 80), (west, eu, 40)]:
+        RegionLatency.objects.create(source=source, target=target, milliseconds=ms)
+    return {"us-east-1": east, "us-west-2": west, "eu-west-1": eu}
+
+
+class Trainer:
+    """Checkpoints of a job written into its home region's store as an SDK would: a frozen base
+    and a small adapter that changes at every save, each reported as the portal records it."""
+
+    def __init__(self, job: Any, home: Region) -> None:
+        self.job, self.home = job, home
+        rng = np.random.default_rng(0)
+        self.base = rng.random(BASE_MB * MIB // 4, dtype=np.float32)
+        self.adapter = {
+            "a": rng.random(ADAPTER_FLOATS, dtype=np.float32),
+            "b": rng.random(ADAPTER_FLOATS, dtype=np.float32),
+        }
+
+    def save(self, step: int, kind: str = "periodic") -> Checkpoint:
+        for tensor in self.adapter.values():
+            tensor += 1.0
+        with replication.open_region(self.home.code, self.job) as store:
+            saved = store.save(
+                str(self.job.pk), step, {"base": self.base, **self.adapter}, kind=kind
+            )
+        checkpoint = Checkpoint.objects.create(
+            job=self.job,
+            step=step,
+            kind=kind,
+            status="committed",
+            manifest_key=saved.ref.key,
+            region=self.home,
+            bytes_total=saved.bytes_total,
+            bytes_new=saved.bytes_new,
+        )
+        replication.record_home(checkpoint)
+        return checkpoint
+
+    @property
+    def changed_bytes(self) -> int:
+        return sum(t.nbytes for t in self.adapter.values())
+
+
+@pytest.fixture
+def trainer(alice: Any, catalogue: dict[str, Any], regions: dict[str, Region]) -> Trainer:
+    return Trainer(submit(alice, catalogue), regions["us-east-1"])
+
+
+def ready_regions(checkpoint: Checkpoint) -> set[str]:
+    return set(replication.holders(checkpoint))
+
+
+def chunk_path(region: str, job: Any, chunk: str) -> Path:
+    url = replication.region_store(region, job.project.slug).url
+    return Path(url.removeprefix("file://")) / "chunks" / chunk[:2] / chunk
+
+
+def test_a_checkpoint_goes_to_the_regions_the_job_would_land_in_next(trainer: Trainer) -> None:
+    first = trainer.save(10)
+
+    made = replication.replicate(first.pk)
+
+    # Its home is us-east-1; the cheapest other T4 spot pools are in us-west-2 and eu-west-1.
+    assert {copy.region for copy in made} == {"us-west-2", "eu-west-1"}
+    assert ready_regions(first) == {"us-east-1", "us-west-2", "eu-west-1"}
+    for copy in made:
+        assert copy.copied_bytes >= BASE_MB * MIB
+    assert replication.replicate(first.pk) == []  # twice over: nothing more to do
+
+
+def test_successive_checkpoints_copy_only_the_chunks_a_region_lacks(trainer: Trainer) -> None:
+    replication.replicate(trainer.save(10).pk)
+
+    second = trainer.save(20)
+    made = replication.replicate(second.pk)
+
+    assert len(made) == 2
+    for copy in made:
+        assert copy.skipped_bytes >= BASE_MB * MIB
+        assert copy.copied_bytes <= 1.1 * trainer.changed_bytes
+    replicas = CheckpointReplica.objects.filter(checkpoint=second).exclude(region__code="us-east-1")
+    assert {r.bytes for r in replicas} == {copy.copied_bytes for copy in made}
+    assert {r.status for r in replicas} == {ReplicaStatus.READY}
+
+
+def test_a_copy_comes_from_the_nearest_region_holding_a_ready_one(
+    trainer: Trainer, settings: Any
+) -> None:
+    settings.BATON_REPLICAS = 1
+    checkpoint = trainer.save(10)
+    replication.copy_to_region(checkpoint, "us-west-2")
+
+    copy = replication.copy_to_region(checkpoint, "eu-west-1")
+
+    assert (copy.source, copy.latency_ms) == ("us-west-2", 40.0)  # not the home, 80 ms away
+
+
+def test_a_region_whose_store_is_down_is_skipped_for_the_next_one(
+    trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "STORE_RETRY_S", 0.5)
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    settings.BATON_REPLICAS = 1
+    settings.BATON_REGION_STORES = {"us-west-2": "s3://nobody-listens/ckpt"}
+    settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
+    checkpoint = trainer.save(10)
+
+    made = replication.replicate(checkpoint.pk)
+
+    assert [copy.region for copy in made] == ["eu-west-1"]
+    down = CheckpointReplica.objects.get(checkpoint=checkpoint, region__code="us-west-2")
+    assert down.status == ReplicaStatus.FAILED
+
+
+def test_a_region_can_keep_its_checkpoints_on_s3(
+    trainer: Trainer,
+    s3_server: S3Server,  # noqa: F811
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    settings.BATON_REGION_STORES = {"eu-west-1": f"s3://{BUCKET}/regions/eu-west-1"}
+    settings.BATON_REGION_S3_ENDPOINTS = {"eu-west-1": s3_server.endpoint}
+    checkpoint = trainer.save(10)
+
+    copy = replication.copy_to_region(checkpoint, "eu-west-1")
+
+    assert copy.copied_bytes >= BASE_MB * MIB
+    assert replication.verify_replica(checkpoint, "eu-west-1").ok
+    store = replication.region_store("eu-west-1", trainer.job.project.slug)
+    assert store.url == f"s3://{BUCKET}/regions/eu-west-1/{trainer.job.project.slug}"
+    assert store.environ()["BATON_S3_ENDPOINT"] == s3_server.endpoint
+
+
+def test_a_corrupt_chunk_fails_verification_and_the_next_copy_heals_the_region(
+    trainer: Trainer,
+) -> None:
+    checkpoint = trainer.save(10)
+    replication.copy_to_region(checkpoint, "us-west-2")
+    manifest = replication.open_region("us-west-2", trainer.job).load_manifest(
+        checkpoint.manifest_key
+    )
+    victim = next(iter(manifest.chunks()))
+    path = chunk_path("us-west-2", trainer.job, victim)
+    path.write_bytes(b"\0" * path.stat().st_size)
+
+    bad = replication.verify_replica(checkpoint, "us-west-2")
+
+    assert not bad.ok and victim in bad.error
+    assert "us-west-2" not in ready_regions(checkpoint)
+    copy = replication.copy_to_region(checkpoint, "us-west-2")
+    assert copy.copied_bytes == manifest.chunks()[victim]  # only the bad chunk comes again
+    assert replication.verify_replica(checkpoint, "us-west-2").ok
+
+
+def test_retention_keeps_the_newest_and_what_a_restore_uses_in_every_region(
+    trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "RETENTION_GRACE_S", 0.0)
+    settings.BATON_KEEP_CHECKPOINTS = 2
+    saved = [trainer.save(step) for step in (10, 20)]
+    saved.append(trainer.save(25, kind="emergency"))
+    saved += [trainer.save(step) for step in (30, 40, 50)]
+    for checkpoint in saved:
+        replication.copy_to_region(checkpoint, "us-west-2")
+    # A new instance is restoring step 20 (a rollback's target, say).
+    instance = Instance.objects.create(
+        pool=CapacityPool.objects.get(region__code="us-west-2", market="spot"),
+        job=trainer.job,
+        resume_manifest=saved[1].manifest_key,
+    )
+    assert instance.state == "provisioning"
+
+    replication.retain(trainer.job)
+
+    kept = {(c.step, c.kind) for c in Checkpoint.objects.filter(job=trainer.job)}
+    assert kept == {(50, "periodic"), (40, "periodic"), (25, "emergency"), (20, "periodic")}
+    for region in ("us-east-1", "us-west-2"):
+        with replication.open_region(region, trainer.job) as store:
+            steps = {ref.step for ref in store.list(str(trainer.job.pk))}
+            assert steps == {20, 25, 40, 50}
+            for step in (20, 25, 40, 50):  # every kept checkpoint is still whole
+                key = ManifestRef(
+                    str(trainer.job.pk), step, "emergency" if step == 25 else "periodic"
+                )
+                store.verify(key)
+    removed_adapter = saved[0].manifest_key
+    with replication.open_region("us-east-1", trainer.job) as store:
+        assert all(ref.key != removed_adapter for ref in store.list(str(trainer.job.pk)))
+    storage = type(trainer.job).objects.get(pk=trainer.job.pk).checkpoint_storage
+    assert set(storage["regions"]) == {"us-east-1", "us-west-2"}
+    # Four checkpoints share one base: about one base and four adapters per region.
+    per_region = BASE_MB * MIB + 4 * trainer.changed_bytes
+    assert all(per_region <= b <= per_region + MIB for b in storage["regions"].values())
+
+
+def test_retention_never_removes_the_checkpoint_a_migration_restores(
+    trainer: Trainer, settings: Any
+) -> None:
+    settings.BATON_KEEP_CHECKPOINTS = 1
+    old = trainer.save(10)
+    trainer.save(20)
+    Migration.objects.create(job=trainer.job, trigger="manual", checkpoint=old)
+
+    replication.retain(trainer.job)
+
+    assert Checkpoint.objects.filter(pk=old.pk).exists()
