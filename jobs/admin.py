@@ -1,9 +1,19 @@
-"""Admin for projects and jobs."""
+"""Admin for projects and jobs.
+
+A job changes only through the services the API uses: submission checks the workload (a
+command needs `jobs.run_command`), and the lifecycle moves its state. So the admin adds no
+job, shows every field but the name read-only, cancels through `cancel_job`, and deletes
+only finished jobs (an unfinished one still holds instances).
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
+from jobs import services
+from jobs.lifecycle import is_finished
 from jobs.models import Job, Project
 
 
@@ -34,5 +44,38 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ["state", "tolerance", "market", "accelerator"]
     search_fields = ["name", "owner__username", "project__slug"]
     list_select_related = ["project", "owner", "accelerator"]
-    raw_id_fields = ["owner", "project", "pool"]
-    readonly_fields = ["created_at", "updated_at", "finished_at", "estimate", "result"]
+    readonly_fields = [field.name for field in Job._meta.fields if field.name not in ("id", "name")]
+    actions = ["cancel"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        if obj is not None and not is_finished(obj.state):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        # The bulk action bypasses has_delete_permission(obj): finished jobs only there too.
+        unfinished = [job.pk for job in queryset if not is_finished(job.state)]
+        if unfinished:
+            self.message_user(
+                request,
+                f"Not deleted: job(s) {', '.join(map(str, unfinished))} are not finished.",
+                level=messages.WARNING,
+            )
+        super().delete_queryset(request, queryset.exclude(pk__in=unfinished))
+
+    @admin.action(description="Cancel (release the job's instances)", permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        cancelled, refused = [], []
+        for job in queryset:
+            try:
+                services.cancel_job(job.pk, request.user)  # type: ignore[arg-type]
+                cancelled.append(str(job.pk))
+            except services.JobAlreadyFinished as exc:
+                refused.append(str(exc))
+        if cancelled:
+            self.message_user(request, f"Cancelled job(s) {', '.join(cancelled)}.")
+        for reason in refused:
+            self.message_user(request, reason, level=messages.WARNING)

@@ -1,5 +1,5 @@
 """Admin for capacity: regions, accelerators with their compatibility rules inline, pools,
-and read-mostly views of instances, migrations, checkpoints and the timeline."""
+and read-only views of instances, migrations, checkpoints, notices and the timeline."""
 
 from __future__ import annotations
 
@@ -93,6 +93,18 @@ class CapacityPoolAdmin(admin.ModelAdmin):
     list_select_related = ["region", "accelerator"]
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records the orchestrator writes (a checkpoint's status, a migration's phase, a notice):
+    shown, never edited by hand, since an edit would bypass the services that keep them
+    consistent with the job."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
     """Instances change through their agents and the orchestrator, not by hand; staff can
@@ -128,13 +140,13 @@ class InstanceAdmin(admin.ModelAdmin):
 
 
 @admin.register(InterruptionEvent)
-class InterruptionEventAdmin(admin.ModelAdmin):
+class InterruptionEventAdmin(ReadOnlyAdmin):
     list_display = ["instance", "level", "received_at", "deadline_at", "source"]
     list_filter = ["level", "source"]
 
 
 @admin.register(Migration)
-class MigrationAdmin(admin.ModelAdmin):
+class MigrationAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "job",
@@ -149,16 +161,6 @@ class MigrationAdmin(admin.ModelAdmin):
     raw_id_fields = ["job", "from_pool", "to_pool", "checkpoint"]
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Append-only records: shown, never edited by hand."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-
 @admin.register(TimelineEvent)
 class TimelineEventAdmin(ReadOnlyAdmin):
     list_display = ["id", "job", "kind", "at"]
@@ -170,9 +172,18 @@ class CheckpointReplicaInline(admin.TabularInline):
     model = CheckpointReplica
     extra = 0
 
+    def has_add_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ["id", "job", "step", "kind", "status", "bytes_total", "bytes_new", "created_at"]
     list_filter = ["kind", "status"]
     inlines = [CheckpointReplicaInline]

@@ -33,6 +33,30 @@ PR_SET_PDEATHSIG = 1
 # What a local instance gets to checkpoint and exit when `make run` stops (its agent's grace
 # period is 20 s), before its process group is killed.
 INSTANCE_STOP_GRACE_S = 25.0
+# Every file the install writes (database, secret key, demo password, logs, instance folders,
+# checkpoints) is its owner's only, from the moment it is created; children inherit the mask.
+PRIVATE_UMASK = 0o077
+# Files of installs made before that, tightened at start: they hold secrets or sessions.
+SECRET_FILES = (
+    "secret-key",
+    "demo-password",
+    "baton.sqlite3",
+    "baton.sqlite3-wal",
+    "baton.sqlite3-shm",
+)
+
+
+def make_private(home: Path) -> list[str]:
+    """Take group and other permissions off BATON_HOME and the secret files an older install
+    left readable; returns what was changed."""
+    changed = []
+    for path in (home, *(home / name for name in SECRET_FILES)):
+        with contextlib.suppress(FileNotFoundError):
+            mode = path.stat().st_mode & 0o777
+            if mode & 0o077:
+                path.chmod(mode & 0o700)
+                changed.append(path.name)
+    return changed
 
 
 def _die_with_parent() -> None:
@@ -53,6 +77,7 @@ class Child:
 class Launcher:
     def __init__(self) -> None:
         self.home = env_path("BATON_HOME", ROOT / "var")
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port = env_int("PORT", 8000, minimum=1)
         self.bind = env_str("BATON_BIND", "127.0.0.1")
         self.logs = self.home / "logs"
@@ -145,6 +170,9 @@ class Launcher:
                 child.proc.wait()
 
     def run(self) -> int:
+        tightened = make_private(self.home)
+        if tightened:
+            logger.info("made owner-only: %s", ", ".join(tightened))
         redis_url, self.redis = resolve_redis(self.home / "redis")
         self.env["REDIS_URL"] = redis_url
         logger.info("Redis: %s%s", redis_url, " (embedded)" if self.redis else "")
@@ -237,6 +265,7 @@ class Launcher:
 
 
 def main() -> int:
+    os.umask(PRIVATE_UMASK)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s baton: %(message)s")
     try:
         launcher = Launcher()

@@ -2,7 +2,7 @@
 
 json.loads raises RecursionError (a 500) near 1,000 levels, and a body just under that still
 makes later steps (validation, copying, rendering) recurse as deep; no request of the API
-nests more than a few levels.
+nests more than a few levels. (DRF already refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE.)
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from portal import tokens
 from portal.forms import TokenForm
 from portal.http import AuthenticatedHttpRequest
 from portal.models import ApiToken
+from portal.parsers import MAX_JSON_DEPTH, json_depth_exceeds
 from portal.throttling import login_blocked_for, record_login_failure
 
 
@@ -75,8 +76,10 @@ def _form_payload(post: Any) -> dict[str, Any]:
     params_text = post.get("params", "").strip()
     try:
         params = json.loads(params_text) if params_text else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         params = params_text  # the serializer reports it as a workload error
+    if json_depth_exceeds(params, MAX_JSON_DEPTH):
+        params = "nested too deeply"  # likewise
     body: dict[str, Any] = {"workload": {"template": post.get("template", ""), "params": params}}
     for name in (
         "name",

@@ -14,6 +14,7 @@ from migration.models import Accelerator
 
 # The seed's advice for spot: checkpoint every five minutes when the user says nothing.
 DEFAULT_CHECKPOINT_EVERY_SECONDS = 300
+MONTH_S = 30 * 24 * 3600
 
 
 class WorkloadField(serializers.JSONField):
@@ -69,8 +70,9 @@ class JobSerializer(serializers.ModelSerializer):
     project = serializers.PrimaryKeyRelatedField(
         queryset=Project.objects.none(), required=False, allow_null=True
     )
-    expected_hours = serializers.FloatField(required=False, min_value=1e-6)
-    checkpoint_gb = serializers.FloatField(required=False, min_value=1e-6)
+    # Bounded: an estimate's work grows with them, and 1e308 made it infinite (a 500).
+    expected_hours = serializers.FloatField(required=False, min_value=1e-6, max_value=10_000)
+    checkpoint_gb = serializers.FloatField(required=False, min_value=1e-6, max_value=100_000)
     max_price_per_hour = serializers.DecimalField(
         max_digits=10,
         decimal_places=4,
@@ -128,8 +130,10 @@ class JobSerializer(serializers.ModelSerializer):
             "gpus_per_node": {"min_value": 1, "max_value": 64},
             "nodes": {"min_value": 1, "max_value": 256},
             "total_steps": {"min_value": 1, "max_value": 10**9},
-            "checkpoint_every_steps": {"min_value": 1},
-            "checkpoint_every_seconds": {"min_value": 1},
+            "checkpoint_every_steps": {"min_value": 1, "max_value": 10**9},
+            "checkpoint_every_seconds": {"min_value": 1, "max_value": MONTH_S},
+            "max_interruptions": {"max_value": 10_000},
+            "max_wait_s": {"max_value": MONTH_S},
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
