@@ -333,3 +333,52 @@ async def test_the_browser_sees_every_phase_live_and_a_reconnect_fills_the_gap(
     assert ids == stored  # nothing missed
     migration_kinds = [e["kind"] for e in seen if e["migration"] is not None]
     assert migration_kinds == MIGRATION_KINDS
+
+
+def test_a_corrupt_replica_rolls_back_to_the_previous_checkpoint_and_the_job_finishes(
+    stack: Any, alice: Any, staff_client: Any, client_for: Any
+) -> None:
+    from migration import replication
+    from migration.models import CheckpointReplica
+
+    params = {"seed": 3, "step_ms": 20, "base_mb": 8}
+    job, instance = start(client_for(alice), params, 400, 40, 50, template="lora_sim")
+    # Replication copies each checkpoint to us-west-2, the other region with T4 capacity.
+    replica = wait_until(
+        lambda: (
+            CheckpointReplica.objects.filter(
+                checkpoint__job_id=job["id"], region__code="us-west-2", status="ready"
+            )
+            .select_related("checkpoint__job__project")
+            .first()
+        ),
+        timeout=60,
+    )
+    # The frozen base (the largest chunk) is shared by every later checkpoint: rot it there.
+    checkpoint = replica.checkpoint
+    with replication.open_region("us-west-2", checkpoint.job) as store:
+        chunks = store.load_manifest(checkpoint.manifest_key).chunks()
+    base = max(chunks, key=lambda chunk: chunks[chunk])
+    url = replication.region_store("us-west-2", checkpoint.job.project.slug).url
+    rotten = ROOT / url.removeprefix("file://") / "chunks" / base[:2] / base
+    rotten.write_bytes(b"\xff" * chunks[base])
+    # us-east-1 goes away: the job can only move to us-west-2.
+    CapacityPool.objects.filter(region__code="us-east-1").update(enabled=False)
+
+    interrupt(staff_client, instance, 0, 20)
+
+    done = finished(job["id"], timeout=180)
+    assert done.state == "succeeded", (done.error, kinds(job["id"]))
+    assert done.result is not None and done.result["step"] == 400
+    migration = Migration.objects.get(job_id=job["id"])
+    assert migration.rollbacks >= 1
+    events = list(TimelineEvent.objects.filter(migration=migration).order_by("id"))
+    order = [e.kind for e in events]
+    failed, rolled = order.index("validation_failed"), order.index("rollback")
+    assert failed < rolled < order.index("restore_done") < order.index("validation_passed")
+    rollback = events[rolled].data
+    assert rollback["to_step"] < rollback["from_step"]
+    assert "corrupt" in rollback["reason"]
+    restored = next(e for e in events[rolled:] if e.kind == "restore_done")
+    assert restored.data["step"] == rollback["to_step"]
+    assert Instance.objects.get(job_id=job["id"], state="released", migration=migration)
