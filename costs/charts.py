@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 
 from costs.estimator import (
     EstimateInput,
-    checkpoint_interval_seconds,
-    expected_spot_cost_at_interval,
+    interval_grid_seconds,
     spot_completion_hours,
+    spot_cost_curve,
 )
 
 LAYOUT: dict[str, Any] = {
@@ -63,26 +63,33 @@ def interruption_rates(labels: Sequence[str], rates: Sequence[float]) -> dict[st
     return _figure(fig, "Interruption rate per pool", yaxis_title="interruptions per hour held")
 
 
-def cost_against_interval(inp: EstimateInput, points: int = 12) -> dict[str, Any]:
-    """Expected spot cost for checkpoint intervals around the recommended (Young/Daly) one."""
-    best = checkpoint_interval_seconds(inp)
-    intervals = np.unique(np.geomspace(max(best / 8, 30), best * 8, points).round())
-    costs = [expected_spot_cost_at_interval(inp, float(s)) for s in intervals]
+def cost_against_interval(inp: EstimateInput, recommended_s: float) -> dict[str, Any]:
+    """Expected spot cost against the checkpoint interval (``spot_cost_curve``, the curve the
+    recommendation minimises), with the recommended interval marked on it."""
+    intervals = interval_grid_seconds()
+    costs = spot_cost_curve(inp, intervals)
+    finite = np.isfinite(costs)
+    at_best = spot_cost_curve(inp, np.array([recommended_s]))
     fig = go.Figure(
         [
-            go.Scatter(x=(intervals / 60).tolist(), y=costs, mode="lines+markers", name="spot"),
             go.Scatter(
-                x=[best / 60],
-                y=[expected_spot_cost_at_interval(inp, best)],
+                x=(intervals[finite] / 60).tolist(),
+                y=costs[finite].tolist(),
+                mode="lines",
+                name="expected spot cost",
+            ),
+            go.Scatter(
+                x=[recommended_s / 60],
+                y=[float(at_best[0])] if np.isfinite(at_best[0]) else [None],
                 mode="markers",
                 marker={"size": 12, "symbol": "star"},
-                name="recommended",
+                name="recommended (lowest point)",
             ),
         ]
     )
     return _figure(
         fig,
-        "Expected spot cost against checkpoint interval",
+        "Expected spot cost against checkpoint interval (no deadline, exponential spells)",
         xaxis={"title": "minutes between checkpoints", "type": "log"},
         yaxis_title="expected cost (USD)",
     )

@@ -66,6 +66,21 @@ DEFAULT_NOTICE_SECONDS = 120.0
 DEFAULT_SAMPLES = 1000
 MIN_CHECKPOINT_INTERVAL_S = 60.0
 MAX_CHECKPOINT_INTERVAL_S = 6 * 3600.0
+# Candidate intervals the recommendation and the page's cost curve are evaluated on: 64 per
+# decade-and-a-bit between the bounds, so neighbours differ by under 10%.
+INTERVAL_GRID_POINTS = 64
+# Share of interruptions whose emergency checkpoint does not make it although it fits the
+# notice (the instance goes early, the save fails), before Baton has measured its own: the
+# portal passes the share of final notices that ended in `checkpoint_missed`.
+DEFAULT_EMERGENCY_MISS_SHARE = 0.05
+# Bounds on what one estimate may be asked (issue: bounded work per request). A year of work;
+# a job and its deadline within two years; a 10 TB checkpoint; at most this many simulated
+# interruptions per sample (about a second of Monte Carlo).
+MAX_WORK_HOURS = 8760.0
+MAX_DEADLINE_HOURS = 2 * 8760.0
+MAX_CHECKPOINT_GB = 10_000.0
+MAX_SIMULATED_INTERRUPTIONS = 2500.0
+MAX_SAMPLES = 5000
 # Below this chance of meeting the deadline on spot the estimator recommends on-demand.
 DEADLINE_CONFIDENCE = 0.95
 # Guard against a pathological input looping for ever (each sample moves one event per round).
@@ -75,6 +90,15 @@ MAX_EVENT_ROUNDS = 20_000
 HOPELESS_OVERHEAD_FACTOR = 50.0
 # Spells longer than this (hours) are as good as endless; keeps sums of draws finite.
 ENDLESS_HOURS = 1e9
+
+
+class EstimateRefused(ValueError):
+    """An input the estimator will not take, with the field it concerns (for a 400)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -99,6 +123,10 @@ class EstimateInput:
     uptime_cv: float = 1.0
     outage_cv: float = 1.0
     spot_available_now: bool | None = None
+    emergency_miss_share: float = DEFAULT_EMERGENCY_MISS_SHARE
+    interruption_rate_source: str = "given"
+    interruption_rate_borrowed_from: tuple[str, ...] = ()
+    history_hours: float = 0.0
     notice_seconds: float = DEFAULT_NOTICE_SECONDS
     save_gb_per_s: float = DEFAULT_SAVE_GB_PER_S
     restore_gb_per_s: float = DEFAULT_RESTORE_GB_PER_S
@@ -119,17 +147,36 @@ class EstimateInput:
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
-        if self.deadline_hours is not None and self.deadline_hours <= 0:
-            raise ValueError("deadline_hours must be positive")
-        if self.max_wait_hours is not None and self.max_wait_hours < 0:
-            raise ValueError("max_wait_hours must not be negative")
+                raise EstimateRefused(name, f"must be a finite number >= 0, not {value!r}")
+        if self.work_hours > MAX_WORK_HOURS:
+            raise EstimateRefused(
+                "work_hours", f"at most {MAX_WORK_HOURS:g} hours can be estimated at once"
+            )
+        if self.checkpoint_gb > MAX_CHECKPOINT_GB:
+            raise EstimateRefused("checkpoint_gb", f"at most {MAX_CHECKPOINT_GB:g} GB")
+        if self.deadline_hours is not None and not (0 < self.deadline_hours <= MAX_DEADLINE_HOURS):
+            raise EstimateRefused(
+                "deadline_hours", f"must be positive and at most {MAX_DEADLINE_HOURS:g} hours"
+            )
+        if self.max_wait_hours is not None and not self.max_wait_hours >= 0:
+            raise EstimateRefused("max_wait_hours", "must not be negative")
+        if not 0.0 <= self.emergency_miss_share <= 1.0:
+            raise EstimateRefused("emergency_miss_share", "must be between 0 and 1")
         if self.save_gb_per_s <= 0 or self.restore_gb_per_s <= 0:
             raise ValueError("bandwidths must be positive")
         if self.uptime_cv <= 0 or self.outage_cv <= 0:
             raise ValueError("coefficients of variation must be positive")
-        if self.samples < 10:
-            raise ValueError("samples must be at least 10")
+        if not 10 <= self.samples <= MAX_SAMPLES:
+            raise EstimateRefused("samples", f"must be between 10 and {MAX_SAMPLES}")
+        # Every interruption is an event of the Monte Carlo: refuse what would run for long.
+        expected = self.interruption_rate_per_hour * (self.work_hours + self.restart_hours)
+        if expected > MAX_SIMULATED_INTERRUPTIONS:
+            raise EstimateRefused(
+                "work_hours",
+                f"about {expected:,.0f} interruptions to simulate at "
+                f"{self.interruption_rate_per_hour:g} per hour, more than "
+                f"{MAX_SIMULATED_INTERRUPTIONS:,.0f}: estimate a shorter stretch of the work",
+            )
 
     @property
     def save_seconds(self) -> float:
@@ -148,8 +195,14 @@ class EstimateInput:
 
     @property
     def emergency_checkpoint_fits(self) -> bool:
-        """Whether an emergency checkpoint fits in the interruption notice (nothing is lost)."""
+        """Whether an emergency checkpoint fits in the interruption notice."""
         return self.save_seconds <= self.notice_seconds
+
+    @property
+    def loss_share(self) -> float:
+        """Share of interruptions that lose the work since the last periodic checkpoint: all
+        when the emergency checkpoint does not fit the notice, else the ones where it misses."""
+        return self.emergency_miss_share if self.emergency_checkpoint_fits else 1.0
 
 
 @dataclass(frozen=True)
@@ -185,15 +238,23 @@ class Estimate:
     recommendation: str
     checkpoint_interval_s: float
     reasons: list[str] = field(default_factory=list)
+    interruption_rate_per_hour: float = 0.0
+    interruption_rate_source: str = "given"
+    interruption_rate_borrowed_from: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        """``{"spot", "on_demand", "recommendation", "checkpoint_interval_s", "reasons"}``."""
+        """``{"spot", "on_demand", "recommendation", "checkpoint_interval_s", "reasons"}`` and
+        where the interruption rate comes from (``interruption_rate_source``: ``history``,
+        ``borrowed`` with ``interruption_rate_borrowed_from``, ``default`` or ``given``)."""
         return {
             "spot": self.spot.to_dict(),
             "on_demand": self.on_demand.to_dict(),
             "recommendation": self.recommendation,
             "checkpoint_interval_s": round(self.checkpoint_interval_s),
             "reasons": list(self.reasons),
+            "interruption_rate_per_hour": round(self.interruption_rate_per_hour, 4),
+            "interruption_rate_source": self.interruption_rate_source,
+            "interruption_rate_borrowed_from": list(self.interruption_rate_borrowed_from),
         }
 
 
@@ -214,11 +275,45 @@ def young_daly_interval_seconds(save_seconds: float, mtbi_seconds: float) -> flo
     return min(MAX_CHECKPOINT_INTERVAL_S, max(MIN_CHECKPOINT_INTERVAL_S, tau))
 
 
+def interval_grid_seconds() -> np.ndarray:
+    """The candidate checkpoint intervals, 60 s to 6 h on a log scale."""
+    return np.geomspace(MIN_CHECKPOINT_INTERVAL_S, MAX_CHECKPOINT_INTERVAL_S, INTERVAL_GRID_POINTS)
+
+
+def spot_cost_curve(inp: EstimateInput, intervals_s: np.ndarray) -> np.ndarray:
+    """Expected spot cost of the job for each checkpoint interval, in closed form (spells
+    exponential, no deadline: ``expected_spot_held_hours``); inf where it would never finish.
+
+    Longer intervals spend less time saving and lose more work at each interruption whose
+    emergency checkpoint does not make it. This is the curve the costs page draws and the
+    recommended interval is its lowest point.
+    """
+    out = np.empty(intervals_s.size)
+    for i, interval in enumerate(intervals_s):
+        out[i] = inp.spot_price_per_hour * expected_spot_held_hours(
+            inp.work_hours,
+            inp.interruption_rate_per_hour,
+            inp.restart_hours,
+            lost_hours_per_interruption=_lost_per_interruption_hours(inp, float(interval)),
+            spot_work_rate=_spot_work_rate(inp, float(interval)),
+        )
+    return out
+
+
 def checkpoint_interval_seconds(inp: EstimateInput) -> float:
-    """The recommended periodic checkpoint interval for ``inp`` (Young/Daly)."""
+    """The recommended periodic checkpoint interval: the lowest point of ``spot_cost_curve``
+    on the grid (the longest interval among equals: fewer saves for the same cost)."""
+    grid = interval_grid_seconds()
+    curve = spot_cost_curve(inp, grid)
+    if not np.isfinite(curve).any():
+        return young_daly_interval_seconds(inp.save_seconds, _mtbi_seconds(inp))
+    best = np.flatnonzero(curve <= np.nanmin(curve) * (1 + 1e-12))
+    return float(grid[best[-1]])
+
+
+def _mtbi_seconds(inp: EstimateInput) -> float:
     rate = inp.interruption_rate_per_hour
-    mtbi = 3600.0 / rate if rate > 0 else math.inf
-    return young_daly_interval_seconds(inp.save_seconds, mtbi)
+    return 3600.0 / rate if rate > 0 else math.inf
 
 
 def _spot_work_rate(inp: EstimateInput, interval_s: float) -> float:
@@ -227,8 +322,8 @@ def _spot_work_rate(inp: EstimateInput, interval_s: float) -> float:
 
 
 def _lost_per_interruption_hours(inp: EstimateInput, interval_s: float) -> float:
-    """Mean work lost per interruption: none when the emergency checkpoint fits the notice."""
-    return 0.0 if inp.emergency_checkpoint_fits else interval_s / 2 / 3600.0
+    """Mean work lost per interruption: half an interval for those that lose work."""
+    return inp.loss_share * interval_s / 2 / 3600.0
 
 
 def expected_spot_held_hours(
@@ -350,7 +445,8 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
     mean_down = inp.mean_outage_hours
     restart = inp.restart_hours
     kappa = _spot_work_rate(inp, interval_s)
-    lost_max = 0.0 if inp.emergency_checkpoint_fits else interval_s / 3600.0
+    interval_h = interval_s / 3600.0
+    loss_share = inp.loss_share
     deadline = inp.deadline_hours
     rho = planned_rate(inp.work_hours, deadline)
     max_wait = math.inf if inp.max_wait_hours is None else inp.max_wait_hours
@@ -453,7 +549,12 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
             preempted = going_down & (market == SPOT)
             if preempted.any():
                 interruptions += preempted
-                loss = np.minimum(rng.random(n) * lost_max, run_work)
+                if loss_share > 0:
+                    loses = rng.random(n) < loss_share
+                    drawn = np.where(loses, rng.random(n) * interval_h, 0.0)
+                    loss = np.minimum(drawn, run_work)
+                else:
+                    loss = np.zeros(n)
                 rem = np.where(preempted, rem + loss, rem)
                 lost += np.where(preempted, loss, 0.0)
                 market = np.where(preempted, WAIT, market)
@@ -548,16 +649,8 @@ def _recommend(
 
     saving = od.expected_cost - spot.expected_cost
     share = saving / od.expected_cost if od.expected_cost > 0 else 0.0
-    rate = inp.interruption_rate_per_hour
-    if rate > 0:
-        reasons.append(
-            f"Spot here is interrupted about {rate:.2f} times per hour held (every "
-            f"{_duration(1 / rate)}); expect {spot.expected_interruptions:.1f} interruptions, "
-            f"each costing a {_duration(inp.restart_hours)} restart."
-        )
-    else:
-        reasons.append("These spot pools have no recorded interruptions.")
-    if spot.expected_lost_hours > 0:
+    reasons.append(_rate_reason(inp, spot))
+    if not inp.emergency_checkpoint_fits:
         reasons.append(
             f"A {inp.checkpoint_gb:g} GB checkpoint takes {inp.save_seconds:.0f} s to save, more "
             f"than the {inp.notice_seconds:.0f} s notice: each interruption loses the work since "
@@ -566,11 +659,14 @@ def _recommend(
     else:
         reasons.append(
             f"The emergency checkpoint ({inp.save_seconds:.0f} s) fits in the "
-            f"{inp.notice_seconds:.0f} s notice, so an interruption loses no work."
+            f"{inp.notice_seconds:.0f} s notice; the {inp.emergency_miss_share:.0%} of "
+            "interruptions where it misses lose the work since the last periodic checkpoint "
+            f"({_duration(spot.expected_lost_hours)} in all)."
         )
     reasons.append(
-        f"Checkpoint every {interval_s / 60:.0f} min (Young/Daly for a {inp.save_seconds:.0f} s "
-        "save and the interruption rate)."
+        f"Checkpoint every {_duration(interval_s / 3600)}: the lowest point of the expected "
+        f"spot cost against the interval ({inp.save_seconds:.0f} s per save against the work "
+        "lost at an interruption)."
     )
     if inp.deadline_hours is not None and spot.expected_on_demand_hours > 0:
         reasons.append(
@@ -594,6 +690,38 @@ def _recommend(
         f"{_money(spot.expected_cost)} once interruptions are counted."
     )
     return MARKET_ON_DEMAND, reasons
+
+
+def _rate_reason(inp: EstimateInput, spot: MarketEstimate) -> str:
+    """The interruption rate in words, and where it comes from."""
+    rate = inp.interruption_rate_per_hour
+    outlook = (
+        f"expect {spot.expected_interruptions:.1f} interruptions, each costing a "
+        f"{_duration(inp.restart_hours)} restart."
+    )
+    if inp.interruption_rate_source == "borrowed":
+        return (
+            f"This pool has no interruption history of its own: its rate, about {rate:.2f} per "
+            f"hour held, is borrowed from {', '.join(inp.interruption_rate_borrowed_from)}; "
+            + outlook
+        )
+    if inp.interruption_rate_source == "default":
+        return (
+            "Neither this pool nor any similar one has interruption history: Baton assumes its "
+            f"default of {rate:.2f} interruptions per hour held, a guess, not a measurement; "
+            + outlook
+        )
+    if rate <= 0:
+        return "These spot pools have no recorded interruptions."
+    measured = ""
+    if inp.interruption_rate_source == "history" and inp.history_hours > 0:
+        measured = f" (measured over {inp.history_hours:.0f} h of this pool's recent history)"
+    elif inp.interruption_rate_source == "pool":
+        measured = " (the rate set on this pool, not derived from history)"
+    return (
+        f"Spot here is interrupted about {rate:.2f} times per hour held (every "
+        f"{_duration(1 / rate)}){measured}; " + outlook
+    )
 
 
 def _spot_runs(inp: EstimateInput, interval_s: float) -> _Runs:
@@ -625,4 +753,7 @@ def estimate(inp: EstimateInput) -> Estimate:
         recommendation=recommendation,
         checkpoint_interval_s=interval_s,
         reasons=reasons,
+        interruption_rate_per_hour=inp.interruption_rate_per_hour,
+        interruption_rate_source=inp.interruption_rate_source,
+        interruption_rate_borrowed_from=inp.interruption_rate_borrowed_from,
     )

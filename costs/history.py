@@ -74,7 +74,8 @@ def trace_start(path: Path) -> datetime:
             month, day, year = (int(g) for g in found.groups())
             return datetime(year, month, day, tzinfo=UTC)
     raise ValueError(
-        f"cannot tell when {path.name} starts: put it in a folder named like aws-MM-DD-YYYY"
+        f"cannot tell when {path.name} starts: put it in a folder named like aws-MM-DD-YYYY "
+        "or give --start"
     )
 
 

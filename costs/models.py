@@ -54,3 +54,37 @@ class AvailabilitySample(models.Model):
     def __str__(self) -> str:
         state = "up" if self.available else "down"
         return f"{self.trace} from {self.at:%Y-%m-%d %H:%M}: {state} for {self.ticks} tick(s)"
+
+
+class RateSource(models.TextChoices):
+    """Where a spot pool's interruption figures come from."""
+
+    HISTORY = "history", "history of the pool's region and card"
+    BORROWED = "borrowed", "borrowed from the most similar pools with history"
+    DEFAULT = "default", "the configured default (no similar history)"
+
+
+class SpotPoolHistory(models.Model):
+    """What the stored history says about one spot pool, in the estimator's terms: derived by
+    `costs.services.refresh_pool_figures` after every import, read by every estimate.
+
+    `borrowed_from` lists the (card, region) histories the figures were pooled from when the
+    pool has none of its own.
+    """
+
+    pool = models.OneToOneField(
+        "migration.CapacityPool", on_delete=models.CASCADE, related_name="spot_history"
+    )
+    source = models.CharField(max_length=16, choices=RateSource.choices)
+    borrowed_from = models.JSONField(default=list, blank=True)
+    interruption_rate_per_hour = models.FloatField()
+    mean_outage_hours = models.FloatField(default=0.0)
+    uptime_cv = models.FloatField(default=1.0)
+    outage_cv = models.FloatField(default=1.0)
+    history_hours = models.FloatField(default=0.0, help_text="Hours of trace the figures rest on.")
+
+    class Meta:
+        verbose_name_plural = "spot pool histories"
+
+    def __str__(self) -> str:
+        return f"{self.pool_id}: {self.interruption_rate_per_hour:.3f}/h ({self.source})"

@@ -7,22 +7,28 @@ every import or refresh.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
 
+from costs import selectors
+from costs.borrowing import figures_for
 from costs.estimator import (
+    DEFAULT_EMERGENCY_MISS_SHARE,
     DEFAULT_NOTICE_SECONDS,
     Estimate,
     EstimateInput,
+    EstimateRefused,
     estimate,
 )
 from costs.history import (
@@ -33,11 +39,12 @@ from costs.history import (
     trace_from_runs,
     trace_start,
 )
-from costs.models import AvailabilitySample, PriceSample
-from costs.traces import available_hours, load_trace, preemption_count
+from costs.models import AvailabilitySample, PriceSample, SpotPoolHistory
+from costs.traces import Trace, load_trace, recent
 from jobs.models import Job
 from migration.choices import Market
 from migration.models import Accelerator, CapacityPool, Region
+from migration.placement import PlacementChoice
 
 logger = logging.getLogger(__name__)
 
@@ -56,39 +63,59 @@ class ImportReport:
         return text
 
 
-def import_spot_traces(folder: Path) -> ImportReport:
-    """Store every trace under `folder` as availability runs (re-importing replaces a trace),
-    then refresh the pools' interruption rates."""
-    files = sorted(folder.rglob("*.json")) if folder.is_dir() else []
+def import_spot_traces(
+    path: Path,
+    *,
+    region: str | None = None,
+    accelerator: str | None = None,
+    start: datetime | None = None,
+) -> ImportReport:
+    """Store every trace in `path` (a file, or a folder searched recursively) as availability
+    runs (re-importing replaces a trace), then refresh the pools' figures.
+
+    Region and accelerator come from a trace's name when it follows a known pattern, else from
+    `region` and `accelerator`; a trace that says neither is skipped with the reason. A trace
+    starts on the date of its dataset folder (aws-MM-DD-YYYY), else at `start`. A trace of
+    several nodes is stored as one single-instance trace per node (`name#k`), so the rate
+    pooled from them is per instance-hour. A file that is not a trace stops the import with
+    a one-line error naming it."""
+    files = sorted(path.rglob("*.json")) if path.is_dir() else [path] if path.is_file() else []
     if not files:
-        raise ValueError(f"no trace files (*.json) under {folder}")
+        raise ValueError(f"no trace files (*.json) under {path}")
     report = ImportReport()
     regions = {r.code: r for r in Region.objects.all()}
     accelerators = {a.name: a for a in Accelerator.objects.all()}
-    for path in files:
-        trace = load_trace(path)
-        name = f"{path.parent.name}/{path.stem}"
-        if trace.region not in regions or trace.accelerator not in accelerators:
-            report.skipped.append(
-                f"{name} (no region {trace.region} or accelerator {trace.accelerator})"
-            )
+    for file in files:
+        trace = load_trace(file)
+        name = f"{file.parent.name}/{file.stem}"
+        where, card = trace.region or region, trace.accelerator or accelerator
+        if where is None or card is None:
+            report.skipped.append(f"{name} (its name says no region or card: give them)")
             continue
-        start = trace_start(path)
+        if where not in regions or card not in accelerators:
+            report.skipped.append(f"{name} (no region {where} or accelerator {card})")
+            continue
+        began = start if start is not None else trace_start(file)
         gap = timedelta(seconds=trace.gap_seconds)
+        nodes = trace.node_traces()
         with transaction.atomic():
-            AvailabilitySample.objects.filter(trace=name).delete()
-            AvailabilitySample.objects.bulk_create(
-                AvailabilitySample(
-                    region=regions[trace.region],
-                    accelerator=accelerators[trace.accelerator],
-                    trace=name,
-                    at=start + gap * run.start,
-                    ticks=run.ticks,
-                    gap_seconds=int(trace.gap_seconds),
-                    available=run.available,
+            AvailabilitySample.objects.filter(
+                trace__in=[name, *(f"{name}#{k}" for k in range(1, trace.nodes + 1))]
+            ).delete()
+            for node in nodes:
+                stored = name if len(nodes) == 1 else f"{name}#{node.name.rsplit('#', 1)[1]}"
+                AvailabilitySample.objects.bulk_create(
+                    AvailabilitySample(
+                        region=regions[where],
+                        accelerator=accelerators[card],
+                        trace=stored,
+                        at=began + gap * run.start,
+                        ticks=run.ticks,
+                        gap_seconds=round(trace.gap_seconds),
+                        available=run.available,
+                    )
+                    for run in runs(node.unavailable)
                 )
-                for run in runs(trace.unavailable)
-            )
         report.imported += 1
     refresh_pool_figures()
     return report
@@ -150,26 +177,14 @@ def refresh_spot_prices_from_aws() -> str:
     return f"stored {stored} spot price observation(s) from AWS"
 
 
-@dataclass(frozen=True)
-class RateFigures:
-    """Interruption history of one region and accelerator."""
-
-    preemptions: int
-    available_hours: float
-
-    @property
-    def rate_per_hour(self) -> float:
-        return self.preemptions / self.available_hours if self.available_hours else 0.0
-
-
-def interruption_history() -> dict[tuple[str, str], RateFigures]:
-    """Preemptions per hour of held spot, pooled over every trace of a region and accelerator."""
+def interruption_history() -> dict[tuple[str, str], list[Trace]]:
+    """The most recent week of every stored trace, by (region, accelerator)."""
     by_trace: dict[str, list[AvailabilitySample]] = defaultdict(list)
     for sample in AvailabilitySample.objects.select_related("region", "accelerator").order_by(
         "trace", "at"
     ):
         by_trace[sample.trace].append(sample)
-    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    history: dict[tuple[str, str], list[Trace]] = defaultdict(list)
     for name, samples in by_trace.items():
         first = samples[0]
         trace = trace_from_runs(
@@ -179,23 +194,34 @@ def interruption_history() -> dict[tuple[str, str], RateFigures]:
             first.gap_seconds,
             [Run(0, s.ticks, s.available) for s in samples],
         )
-        key = (first.region.code, first.accelerator.name)
-        totals[key][0] += preemption_count(trace)
-        totals[key][1] += available_hours(trace)
-    return {key: RateFigures(int(n), hours) for key, (n, hours) in totals.items()}
+        history[(first.region.code, first.accelerator.name)].append(recent(trace))
+    return dict(history)
 
 
 @transaction.atomic
 def refresh_pool_figures() -> None:
-    """Spot pools take the interruption rate of their region and accelerator's history (the
-    configured default where there is none) and their latest recorded price."""
+    """Spot pools take the interruption figures of their region and card's recent history,
+    else of the most similar histories (`costs.borrowing`), else the configured default rate;
+    and their latest recorded price. The figures and where they come from are kept in
+    `SpotPoolHistory` for the estimator."""
     history = interruption_history()
     default = settings.BATON_DEFAULT_INTERRUPTION_RATE
     latest = PriceSample.objects.filter(pool=OuterRef("pk")).order_by("-at").values("price")[:1]
     spot = CapacityPool.objects.filter(market=Market.SPOT).select_related("region", "accelerator")
+    kept = {h.pool_id: h for h in SpotPoolHistory.objects.all()}
     for pool in spot.annotate(latest_price=Subquery(latest)):
-        figures = history.get((pool.region.code, pool.accelerator.name))
-        rate = round(figures.rate_per_hour, 4) if figures else default
+        found = figures_for(pool.region.code, pool.accelerator.name, history)
+        stats = found.stats
+        rate = round(stats.interruption_rate_per_hour, 4) if stats else default
+        row = kept.get(pool.pk) or SpotPoolHistory(pool=pool)
+        row.source = found.source
+        row.borrowed_from = list(found.borrowed_from)
+        row.interruption_rate_per_hour = rate
+        row.mean_outage_hours = stats.mean_outage_hours if stats else 0.0
+        row.uptime_cv = stats.uptime_cv if stats else 1.0
+        row.outage_cv = stats.outage_cv if stats else 1.0
+        row.history_hours = stats.hours if stats else 0.0
+        row.save()
         price: Decimal = pool.latest_price if pool.latest_price is not None else pool.price_per_hour
         if (rate, price) != (pool.interruption_rate_per_hour, pool.price_per_hour):
             pool.interruption_rate_per_hour = rate
@@ -204,8 +230,13 @@ def refresh_pool_figures() -> None:
 
 
 def estimate_input(job: Job) -> EstimateInput | None:
-    """The estimator's view of a job (saved or not) on the pools placement would use now;
-    None when no pool of either market fits it."""
+    """The estimator's view of a job (saved or not) on the pools placement would use now, with
+    the history of the spot pool it would judge (rate, outage, spreads, and where they come
+    from), the measured migration overhead and the measured share of missed emergency
+    checkpoints; None when no pool of either market fits it.
+
+    Raises ``EstimateRefused`` for a job too big to estimate within the bounds of one request.
+    """
     from migration.selectors import market_situation, prospects
 
     seen = prospects(job)
@@ -221,6 +252,24 @@ def estimate_input(job: Job) -> EstimateInput | None:
         spot if on_demand == float("inf") else on_demand,
     )
     deadline_hours = situation.hours_to_deadline
+    judged = seen.spot.pool if isinstance(seen.spot, PlacementChoice) else seen.spot_fit
+    history = selectors.spot_pool_history(judged.id) if judged else None
+    figures: dict[str, Any] = {}
+    if (
+        judged is not None
+        and history is not None
+        and history.interruption_rate_per_hour == judged.interruption_rate_per_hour
+    ):
+        figures = {
+            "mean_outage_hours": history.mean_outage_hours,
+            "uptime_cv": history.uptime_cv,
+            "outage_cv": history.outage_cv,
+            "interruption_rate_source": history.source,
+            "interruption_rate_borrowed_from": tuple(history.borrowed_from),
+            "history_hours": history.history_hours,
+        }
+    elif judged is not None:  # a rate set on the pool by hand, not derived from history
+        figures = {"interruption_rate_source": "pool"}
     return EstimateInput(
         work_hours=situation.remaining_work_hours,
         spot_price_per_hour=spot,
@@ -231,14 +280,23 @@ def estimate_input(job: Job) -> EstimateInput | None:
         deadline_hours=deadline_hours if deadline_hours and deadline_hours > 0 else None,
         max_wait_hours=job.max_wait_s / 3600,
         spot_available_now=situation.spot_available,
+        emergency_miss_share=selectors.emergency_miss_share(DEFAULT_EMERGENCY_MISS_SHARE),
         notice_seconds=seen.spot_fit.notice_s if seen.spot_fit else DEFAULT_NOTICE_SECONDS,
         seed=0,  # the same job on the same pools gets the same estimate
+        **figures,
     )
 
 
-def estimate_job(job: Job) -> Estimate | None:
-    """Spot against on-demand for a job, before it launches (DESIGN §7)."""
-    inputs = estimate_input(job)
+def estimate_job(job: Job, *, refuse: bool = False) -> Estimate | None:
+    """Spot against on-demand for a job, before it launches (DESIGN §7); None when no pool
+    fits it, or when it is too big to estimate (``EstimateRefused`` with ``refuse=True``)."""
+    try:
+        inputs = estimate_input(job)
+    except EstimateRefused as refused:
+        if refuse:
+            raise
+        logger.info("job %s not estimated: %s", job.pk, refused)
+        return None
     return estimate(inputs) if inputs else None
 
 
@@ -250,9 +308,32 @@ class WhatIf:
     estimate: Estimate | None
 
 
+# The page's estimate and its two charts are the costly part of a GET: kept this long for the
+# same inputs (which change with every import, price refresh or migration that moves them).
+WHAT_IF_CACHE_SECONDS = 600
+
+
+def _estimate_figures(inputs: EstimateInput) -> tuple[dict[str, Any], Estimate]:
+    from costs import charts
+
+    key = "costs:what-if:" + hashlib.sha256(repr(inputs).encode()).hexdigest()
+    cached = cache.get(key)
+    if cached is None:
+        result = estimate(inputs)
+        figures = {
+            "interval": charts.cost_against_interval(inputs, result.checkpoint_interval_s),
+            "completion": charts.completion_time(inputs),
+        }
+        cached = (figures, result)
+        cache.set(key, cached, WHAT_IF_CACHE_SECONDS)
+    return cached
+
+
 def what_if(job: Job) -> WhatIf:
-    """History charts of the job's accelerator, and its estimate with charts, when it fits."""
-    from costs import charts, selectors
+    """History charts of the job's accelerator, and its estimate with charts, when it fits.
+
+    Raises ``EstimateRefused`` for a job too big to estimate within one request's bounds."""
+    from costs import charts
 
     name = job.accelerator.name
     figures = {
@@ -262,9 +343,8 @@ def what_if(job: Job) -> WhatIf:
     inputs = estimate_input(job)
     if inputs is None:
         return WhatIf(figures, None)
-    figures["interval"] = charts.cost_against_interval(inputs)
-    figures["completion"] = charts.completion_time(inputs)
-    return WhatIf(figures, estimate(inputs))
+    estimate_figures, result = _estimate_figures(inputs)
+    return WhatIf({**figures, **estimate_figures}, result)
 
 
 def accrue_job_costs(job: Job) -> tuple[Decimal, Decimal]:

@@ -9,6 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
 
+from costs.estimator import EstimateRefused
 from costs.forms import WhatIfForm
 from costs.services import what_if
 from jobs.services import build_job
@@ -34,8 +35,12 @@ def costs_page(request: AuthenticatedHttpRequest) -> HttpResponse:
             checkpoint_gb=data["checkpoint_gb"],
             tolerance=data["tolerance"],
         )
-        shown = what_if(job)
-        context["figures"] = shown.figures
-        if shown.estimate is not None:
-            context["estimate"] = shown.estimate.to_dict()
+        try:
+            shown = what_if(job)
+        except EstimateRefused as refused:
+            form.add_error("work_hours" if refused.field == "work_hours" else None, refused.message)
+        else:
+            context["figures"] = shown.figures
+            if shown.estimate is not None:
+                context["estimate"] = shown.estimate.to_dict()
     return render(request, "costs/costs.html", context)

@@ -89,3 +89,91 @@ def test_estimates_need_a_login(catalogue: Any, client: Any) -> None:
     response = client.post("/api/estimates/", job_body(), content_type="application/json")
 
     assert response.status_code in (401, 403)
+
+
+def test_a_t4_estimate_names_where_its_interruption_rate_comes_from(
+    catalogue: Any, alice: Any, client_for: Any, tmp_path: Any
+) -> None:
+    import json
+
+    from costs.services import import_spot_traces
+
+    folder = tmp_path / "aws-02-15-2023"
+    folder.mkdir()
+    # V100 history in the T4 pools' region: hourly ticks, interrupted every fourth hour.
+    (folder / "us-east-1a_v100_1.json").write_text(
+        json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0, 0, 0, 1] * 30})
+    )
+    import_spot_traces(folder)
+
+    body = client_for(alice).post("/api/estimates/", job_body(), format="json").json()
+
+    assert body["interruption_rate_source"] == "borrowed"
+    assert body["interruption_rate_borrowed_from"] == ["V100-16GB in us-east-1"]
+    assert body["interruption_rate_per_hour"] == pytest.approx(1 / 3, abs=1e-3)
+    assert "borrowed from V100-16GB in us-east-1" in " ".join(body["reasons"])
+
+
+def test_without_any_history_the_estimate_says_its_rate_is_the_default(
+    catalogue: Any, alice: Any, client_for: Any
+) -> None:
+    from costs.services import refresh_pool_figures
+
+    refresh_pool_figures()
+    body = client_for(alice).post("/api/estimates/", job_body(), format="json").json()
+
+    assert body["interruption_rate_source"] == "default"
+    assert "a guess, not a measurement" in " ".join(body["reasons"])
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"expected_hours": 1e308}, "expected_hours"),
+        ({"expected_hours": 9000}, "expected_hours"),
+        ({"checkpoint_gb": 1e308}, "checkpoint_gb"),
+        ({"workload": {"template": "mlp_numpy", "params": {"step_ms": 1e308}}}, None),
+    ],
+)
+def test_inputs_that_would_not_end_or_not_be_finite_get_a_400_naming_the_field(
+    catalogue: Any, alice: Any, client_for: Any, overrides: dict[str, Any], field: str | None
+) -> None:
+    import time
+
+    began = time.perf_counter()
+    response = client_for(alice).post("/api/estimates/", job_body(**overrides), format="json")
+
+    assert time.perf_counter() - began < 2.0
+    assert response.status_code == 400, response.content
+    if field is not None:
+        assert field in response.json()
+
+
+@pytest.mark.parametrize("number", ["1e999", "NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_in_the_body_get_a_400(
+    catalogue: Any, alice: Any, client_for: Any, number: str
+) -> None:
+    import json
+
+    text = json.dumps(job_body()).replace('"nodes": 1', f'"expected_hours": {number}, "nodes": 1')
+    response = client_for(alice).post("/api/estimates/", text, content_type="application/json")
+
+    assert response.status_code == 400, response.content
+
+
+def test_the_biggest_estimate_it_takes_answers_within_two_seconds(
+    catalogue: Any, alice: Any, client_for: Any
+) -> None:
+    import time
+
+    # About 2,000 simulated interruptions: just under the bound.
+    CapacityPool.objects.filter(market="spot").update(interruption_rate_per_hour=0.25)
+    body = job_body(expected_hours=8000, nodes=1, total_steps=10**9)
+    began = time.perf_counter()
+    response = client_for(alice).post("/api/estimates/", body, format="json")
+
+    assert time.perf_counter() - began < 2.0
+    assert response.status_code == 200, response.content
+    refused = client_for(alice).post("/api/estimates/", {**body, "nodes": 2}, format="json")
+    assert refused.status_code == 400
+    assert "interruptions to simulate" in refused.json()["expected_hours"][0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from costs import services
-from costs.models import AvailabilitySample, PriceSample
+from costs.models import AvailabilitySample, PriceSample, SpotPoolHistory
 from migration.models import CapacityPool
 from portal.embedded_redis import free_port
 
@@ -34,12 +35,14 @@ def seeded(catalogue: Any) -> None:
     seed_catalogue()
 
 
-def independent_rate(files: list[Path]) -> float:
-    """Preemptions per hour of held spot, straight from the JSON, pooled over `files`."""
+def independent_rate(files: list[Path], hours: float = 168.0) -> float:
+    """Preemptions per hour of held spot over the last `hours` of each file, straight from the
+    JSON, pooled over `files`."""
     preemptions = held_hours = 0.0
     for path in files:
         payload = json.loads(path.read_text())
-        data = np.array(payload["data"])
+        ticks = math.ceil(hours * 3600 / payload["metadata"]["gap_seconds"])
+        data = np.array(payload["data"])[-ticks:]
         preemptions += np.count_nonzero((data[:-1] == 0) & (data[1:] == 1))
         held_hours += np.count_nonzero(data == 0) * payload["metadata"]["gap_seconds"] / 3600
     return preemptions / held_hours
@@ -84,15 +87,60 @@ def test_importing_again_replaces_instead_of_doubling(seeded: None) -> None:
     assert AvailabilitySample.objects.count() == count
 
 
-def test_a_region_without_history_keeps_the_default_rate(seeded: None) -> None:
+def _history(region: str, accelerator: str) -> SpotPoolHistory:
+    found = SpotPoolHistory.objects.filter(
+        pool__region__code=region, pool__accelerator__name=accelerator
+    ).first()
+    assert found is not None, f"no spot pool of {accelerator} in {region}"
+    assert found.pool.interruption_rate_per_hour == found.interruption_rate_per_hour
+    return found
+
+
+def test_pools_without_history_borrow_from_the_most_similar_and_say_so(seeded: None) -> None:
     services.import_spot_traces(DATA / "spot-traces")
 
-    rates = set(
-        CapacityPool.objects.filter(region__code="eu-west-1", market="spot").values_list(
-            "interruption_rate_per_hour", flat=True
-        )
+    own = _history("us-east-1", "V100-16GB")
+    assert (own.source, own.borrowed_from) == ("history", [])
+    assert own.mean_outage_hours > 0 and own.uptime_cv > 1 and own.history_hours > 0
+    # Same card family in the same region first.
+    larger = _history("us-east-1", "V100-32GB")
+    assert (larger.source, larger.borrowed_from) == ("borrowed", ["V100-16GB in us-east-1"])
+    assert larger.interruption_rate_per_hour == own.interruption_rate_per_hour
+    # No V100 history in Europe: the same card elsewhere.
+    europe = _history("eu-west-1", "V100-16GB")
+    assert europe.source == "borrowed"
+    assert europe.borrowed_from == ["V100-16GB in us-east-1", "V100-16GB in us-west-2"]
+    # A T4 borrows from its region's other cards; in a region without any trace, the default.
+    t4 = _history("us-east-1", "T4")
+    assert (t4.source, t4.borrowed_from) == ("borrowed", ["V100-16GB in us-east-1"])
+    nothing = _history("eu-west-1", "T4")
+    assert (nothing.source, nothing.borrowed_from) == ("default", [])
+    assert nothing.interruption_rate_per_hour == settings.BATON_DEFAULT_INTERRUPTION_RATE
+
+
+def test_a_multi_node_trace_without_a_known_name_is_stored_per_node(
+    seeded: None, tmp_path: Path
+) -> None:
+    path = tmp_path / "our-cluster.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0, 2, 0, 1, 0]}))
+    with pytest.raises(CommandError, match="its name says no region or card"):
+        call_command("import_spot_traces", str(path), "--start", "2024-01-01")
+    call_command(
+        "import_spot_traces",
+        str(path),
+        "--region",
+        "eu-west-1",
+        "--accelerator",
+        "T4",
+        "--start",
+        "2024-01-01",
     )
-    assert rates == {settings.BATON_DEFAULT_INTERRUPTION_RATE}
+
+    names = set(AvailabilitySample.objects.values_list("trace", flat=True))
+    assert names == {f"{tmp_path.name}/our-cluster#1", f"{tmp_path.name}/our-cluster#2"}
+    t4 = _history("eu-west-1", "T4")
+    assert t4.source == "history"
+    assert t4.interruption_rate_per_hour == pytest.approx(3 / 7, abs=1e-4)
 
 
 def test_the_commands_name_the_problem_with_bad_input(seeded: None, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from costs import charts
-from costs.estimator import EstimateInput
+from costs.estimator import EstimateInput, estimate
 from jobs.models import Job
 from tests.conftest import remote_assets
 
@@ -97,8 +97,40 @@ def test_expected_cost_falls_then_rises_around_the_recommended_interval() -> Non
         notice_seconds=10,
     )
 
-    figure = charts.cost_against_interval(inp)
+    recommended = estimate(inp).checkpoint_interval_s
+    figure = charts.cost_against_interval(inp, recommended)
 
-    costs = figure["data"][0]["y"]
+    minutes, costs = figure["data"][0]["x"], figure["data"][0]["y"]
     best = figure["data"][1]["y"][0]
     assert costs[0] > best and costs[-1] > best  # too often and too rarely both cost more
+    # The star is the lowest point of the curve drawn, not a formula's guess beside it.
+    assert best == pytest.approx(min(costs))
+    assert minutes[costs.index(min(costs))] == pytest.approx(recommended / 60)
+
+
+def test_the_page_recommends_the_interval_its_curve_is_lowest_at(
+    client: Any, catalogue: Any, alice: Any
+) -> None:
+    client.force_login(alice)
+
+    page = client.get(
+        "/costs/?accelerator=V100-16GB&nodes=1&work_hours=48&checkpoint_gb=10&tolerance=balanced"
+    ).content.decode()
+
+    curve = figures(page)["interval"]["data"][0]
+    lowest = curve["x"][curve["y"].index(min(curve["y"]))]
+    assert f"checkpoint every {round(lowest * 60)} s" in page
+
+
+def test_a_costs_page_too_big_to_compute_says_why(client: Any, catalogue: Any, alice: Any) -> None:
+    from migration.models import CapacityPool
+
+    CapacityPool.objects.filter(market="spot").update(interruption_rate_per_hour=5.0)
+    client.force_login(alice)
+
+    page = client.get(
+        "/costs/?accelerator=V100-16GB&nodes=64&work_hours=8000&checkpoint_gb=5"
+        "&tolerance=aggressive"
+    ).content.decode()
+
+    assert "interruptions to simulate" in page and "interval" not in figures(page)

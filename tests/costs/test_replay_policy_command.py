@@ -91,3 +91,46 @@ def test_a_malformed_trace_gives_a_command_error(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(CommandError, match="cannot read"):
         _run(*_args(path, "1", "3", "0.1", "balanced"))
+
+
+SHARED = Path(__file__).resolve().parents[2] / "data" / "spot-traces"
+
+
+@pytest.mark.parametrize("trace", sorted(SHARED.rglob("*.json")), ids=lambda p: p.stem)
+def test_it_answers_for_every_shared_trace(trace: Path) -> None:
+    payload = json.loads(_run(*_args(trace, "4", "6", "0.1", "balanced"), "--json"))
+    assert payload["policy"]["deadline_met"] and payload["optimal"]["deadline_met"]
+    assert payload["optimal"]["cost"] <= payload["policy"]["cost"] + 1e-9
+
+
+def test_it_answers_for_a_gcp_trace_and_a_name_of_ones_own(tmp_path: Path) -> None:
+    for name in ("us-central1-a_c3-88", "our cluster"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0, 1, 0] * 40}))
+        payload = json.loads(_run(*_args(path, "2", "8", "0.1", "aggressive"), "--json"))
+        assert payload["policy"]["deadline_met"]
+        assert payload["policy"]["preemptions"] > 0
+
+
+def test_a_gang_replays_a_multi_node_trace_with_enough_nodes_only(tmp_path: Path) -> None:
+    path = tmp_path / "us-east-1a_v100_4.json"
+    # Hourly ticks: one node lost for hours 2-3, three for hours 4-5.
+    data = [0, 0, 1, 1, 3, 3, 0, 0, 0, 0]
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": data}))
+    prices = ["--spot-price", "1", "--on-demand-price", "3"]
+    one = json.loads(_run(*_args(path, "5", "10", "0", "aggressive"), *prices, "--json"))
+    two = json.loads(
+        _run(*_args(path, "5", "10", "0", "aggressive"), *prices, "--nodes", "2", "--json")
+    )
+    assert one["policy"]["preemptions"] == 0 and one["policy"]["finish_hours"] == 5
+    # Two nodes are lost with the fifth hour: the gang waits two hours for them.
+    assert two["policy"]["preemptions"] == 1 and two["policy"]["finish_hours"] == 7
+    with pytest.raises(CommandError, match="--nodes: trace 'us-east-1a_v100_4' follows 4 node"):
+        _run(*_args(path, "5", "10", "0", "aggressive"), "--nodes", "5")
+
+
+def test_a_trace_with_a_bad_value_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 1, "down"]}))
+    with pytest.raises(CommandError, match="value 'down' at tick 2"):
+        _run(*_args(path, "1", "3", "0.1", "balanced"))

@@ -14,6 +14,7 @@ from costs.traces import (
     load_traces,
     mean_time_between_interruptions_hours,
     parse_trace_name,
+    pooled_stats,
     preemption_count,
     preemptions_per_hour,
     scale_trace,
@@ -24,9 +25,19 @@ from costs.traces import (
 DATA = Path(__file__).resolve().parents[2] / "data" / "spot-traces"
 
 
-def _write(tmp_path: Path, name: str, data: list[int], gap: int = 3600, **extra: object) -> Path:
+def _write(
+    tmp_path: Path,
+    name: str,
+    data: list[int],
+    gap: int = 3600,
+    metadata_nodes: int | None = None,
+    **extra: object,
+) -> Path:
     path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps({"metadata": {"gap_seconds": gap}, "data": data, **extra}))
+    metadata: dict[str, object] = {"gap_seconds": gap}
+    if metadata_nodes is not None:
+        metadata["nodes"] = metadata_nodes
+    path.write_text(json.dumps({"metadata": metadata, "data": data, **extra}))
     return path
 
 
@@ -48,9 +59,82 @@ def test_it_rejects_a_name_without_a_zone() -> None:
         parse_trace_name("somewhere_v100")
 
 
-def test_it_rejects_values_other_than_zero_and_one(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="0 and 1"):
+def test_it_rejects_more_unavailable_nodes_than_the_trace_follows(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="value 2 at tick 1 is more than the trace's 1 node"):
         load_trace(_write(tmp_path, "us-east-1c_v100_1", [0, 2]))
+
+
+def test_a_gcp_name_gives_region_zone_and_card(tmp_path: Path) -> None:
+    trace = load_trace(_write(tmp_path, "us-central1-a_c3-88", [0, 1, 0]))
+    assert (trace.region, trace.zone, trace.accelerator, trace.nodes) == (
+        "us-central1",
+        "us-central1-a",
+        "C3-88",
+        1,
+    )
+    assert parse_trace_name("europe-west4-b_t4_2") == ("europe-west4", "europe-west4-b", "T4", 2)
+
+
+def test_a_name_of_the_users_own_loads_without_a_place(tmp_path: Path) -> None:
+    trace = load_trace(_write(tmp_path, "my cluster, March", [0, 0, 1]))
+    assert (trace.region, trace.zone, trace.accelerator) == (None, None, None)
+    assert trace.label == "my cluster, March" and trace.unavailable.tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("[0, 1]", "not a JSON object"),
+        ('{"data": [0]}', "lacks a numeric metadata.gap_seconds"),
+        ('{"metadata": {"gap_seconds": 0}, "data": [0]}', "not a positive number"),
+        ('{"metadata": {"gap_seconds": 60}, "data": []}', "data is empty"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [0, "x"]}', "'x' at tick 1"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [0, -1]}', "-1 at tick 1"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [0.5]}', "0.5 at tick 0"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [[0], [1]]}', "at tick 0"),
+        ("not json", "is not JSON"),
+    ],
+)
+def test_a_malformed_file_gets_one_line_naming_the_problem(
+    tmp_path: Path, body: str, problem: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=problem) as caught:
+        load_trace(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_multi_node_trace_gives_a_gang_spot_only_while_enough_nodes_can_be_had(
+    tmp_path: Path,
+) -> None:
+    # Four nodes; how many could not be had per tick.
+    trace = load_trace(_write(tmp_path, "us-east-1a_v100_4", [0, 1, 3, 4, 2, 0]))
+    assert trace.nodes == 4
+    assert trace.for_job(1).unavailable.tolist() == [0, 0, 0, 1, 0, 0]
+    assert trace.for_job(2).unavailable.tolist() == [0, 0, 1, 1, 0, 0]
+    assert trace.for_job(4).unavailable.tolist() == [0, 1, 1, 1, 1, 0]
+    assert trace.unavailable.tolist() == trace.for_job(1).unavailable.tolist()
+    with pytest.raises(ValueError, match="follows 4 node"):
+        trace.for_job(5)
+    assert window(trace, 1, 2).for_job(2).unavailable.tolist() == [False, True]
+
+
+def test_a_wide_trace_counts_every_node_lost_per_instance_hour(tmp_path: Path) -> None:
+    trace = load_trace(_write(tmp_path, "wide", [0, 2, 0, 1, 0], gap=3600))
+    assert trace.nodes == 2  # the largest value, for a name that does not say
+    nodes = trace.node_traces()
+    assert [preemption_count(t) for t in nodes] == [2, 1]
+    pooled = pooled_stats(nodes)
+    assert pooled is not None
+    assert pooled.interruptions == 3
+    # 3 nodes lost in 7 node-hours held
+    assert pooled.interruption_rate_per_hour == pytest.approx(3 / 7)
+
+
+def test_metadata_may_name_the_nodes(tmp_path: Path) -> None:
+    trace = load_trace(_write(tmp_path, "wide", [0, 1], metadata_nodes=8))
+    assert trace.nodes == 8 and not trace.unavailable.any()
 
 
 def test_it_keeps_prices_when_the_file_has_them(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """`manage.py replay_policy`: replay a tolerance policy over a spot trace (DESIGN §9).
 
-A thin edge: it parses and checks the arguments, calls ``costs.replay`` and prints. The policy
-believes the interruption rate measured on the whole trace file (the command has no separate
-history to learn it from).
+A thin edge: it parses and checks the arguments, calls ``costs.replay`` and prints. Any trace
+in the shared format is taken, whatever its name, single- or multi-node (``--nodes``: a gang
+has spot while that many of the trace's nodes can be had). The policy believes the interruption
+rate measured on the whole trace file (the command has no separate history to learn it from).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--spot-price", type=float, help="USD per hour (default: see help)")
         parser.add_argument("--on-demand-price", type=float, help="USD per hour")
+        parser.add_argument(
+            "--nodes", type=int, default=1, help="nodes of the job (a multi-node trace's gang)"
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -59,6 +63,10 @@ class Command(BaseCommand):
                 f"--policy must be one of {', '.join(TOLERANCES)}, not {options['policy']!r}"
             )
         trace = self._load(options["trace"])
+        try:
+            trace = trace.for_job(options["nodes"])
+        except ValueError as exc:
+            raise CommandError(f"--nodes: {exc}") from None
         checks = {
             "--task-hours": (options["task_hours"], "positive"),
             "--deadline-hours": (options["deadline_hours"], "positive"),
