@@ -84,8 +84,17 @@ class JobViewSet(
     @extend_schema(responses=CheckpointSerializer(many=True))
     @action(detail=True, pagination_class=None)
     def checkpoints(self, request: Request, pk: str | None = None) -> Response:
-        items = self.get_object().checkpoints.prefetch_related("replicas__region")
-        return Response(CheckpointSerializer(items, many=True).data)
+        """The job's checkpoints with their replicas; what they take in each region's store
+        (as retention last measured it) in the Baton-Storage-Bytes and -Regions headers."""
+        job = self.get_object()
+        items = job.checkpoints.prefetch_related("replicas__region")
+        response = Response(CheckpointSerializer(items, many=True).data)
+        storage = job.checkpoint_storage or {}
+        response["Baton-Storage-Bytes"] = str(storage.get("bytes", 0))
+        response["Baton-Storage-Regions"] = ", ".join(
+            f"{region}={size}" for region, size in sorted((storage.get("regions") or {}).items())
+        )
+        return response
 
     @extend_schema(responses=MigrationSerializer(many=True))
     @action(detail=True, pagination_class=None)
