@@ -31,7 +31,6 @@ import random
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.table import Row, print_table  # noqa: E402
 from migration.compatibility import Rule, hardware_options  # noqa: E402
 from migration.placement import (  # noqa: E402
     PlacementChoice,
@@ -56,31 +56,6 @@ from migration.placement import (  # noqa: E402
     choose_pool,
     place_many,
 )
-
-
-@dataclass
-class Row:
-    name: str
-    values: list[float]
-    ratios: list[float]
-    target: float | None = None  # an upper bound on the median, in the table's unit
-
-
-def print_table(title: str, unit: str, rows: list[Row], baseline: str) -> None:
-    print(f"\n{title} ({unit}; ratio = median / median of {baseline})")
-    head = f"{'':44} {'min':>9} {'median':>9} {'max':>9} {'ratio':>8} {'target':>8}"
-    print(head)
-    print("-" * len(head))
-    for row in rows:
-        lo, mid, hi = min(row.values), statistics.median(row.values), max(row.values)
-        ratio = statistics.median(row.ratios)
-        line = f"{row.name:44} {lo:9.3f} {mid:9.3f} {hi:9.3f} {ratio:7.2f}x"
-        if row.target is not None:
-            line += (
-                f" {'<= ' + format(row.target, 'g'):>8} {'met' if mid <= row.target else 'MISSED'}"
-            )
-        print(line)
-
 
 # --- recovery: notice -> running again, on the whole system -----------------------------------
 

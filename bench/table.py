@@ -1,0 +1,31 @@
+"""The table every benchmark here prints: min / median / max over repetitions, the ratio of each
+row's median to its baseline's (measured in the same run), and the target when there is one."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass
+class Row:
+    name: str
+    values: list[float]
+    ratios: list[float]
+    target: float | None = None  # an upper bound on the median, in the table's unit
+
+
+def print_table(title: str, unit: str, rows: list[Row], baseline: str) -> None:
+    print(f"\n{title} ({unit}; ratio = median / median of {baseline})")
+    head = f"{'':44} {'min':>9} {'median':>9} {'max':>9} {'ratio':>8} {'target':>8}"
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        lo, mid, hi = min(row.values), statistics.median(row.values), max(row.values)
+        ratio = statistics.median(row.ratios)
+        line = f"{row.name:44} {lo:9.3f} {mid:9.3f} {hi:9.3f} {ratio:7.2f}x"
+        if row.target is not None:
+            line += (
+                f" {'<= ' + format(row.target, 'g'):>8} {'met' if mid <= row.target else 'MISSED'}"
+            )
+        print(line)
