@@ -126,6 +126,8 @@ class DirectorySync:
         # the output showed with the time each was read.
         self._watch_lock = threading.Lock()
         self._quiet: Snapshot = {}
+        self._seen: Snapshot = {}
+        self._left_writing: set[str] = set()
         self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)
         self._base_step = 0
         self._writers: set[str] = set()
@@ -222,6 +224,7 @@ class DirectorySync:
         assert self._synced is not None
         with self._watch_lock:
             self._quiet = {rel: st for rel, st in self._synced.items() if st[0] >= 0}
+            self._seen = dict(self._quiet)
             self._base_step = step or 0
 
     def note_step(self, step: int) -> None:
@@ -247,27 +250,45 @@ class DirectorySync:
         """From now on, files the processes of `session` hold open for writing are busy."""
         self.session = session
 
-    def writing(self) -> set[str]:
+    def writing(self, fresh: bool = False) -> set[str]:
         """Files of the folder the workload holds open for writing (looked up at most every
-        WRITERS_TTL seconds)."""
+        WRITERS_TTL seconds unless `fresh`)."""
         if self.session is None:
             return set()
         now = time.monotonic()
-        if now - self._writers_at > WRITERS_TTL:
+        if fresh or now - self._writers_at > WRITERS_TTL:
             self._writers = writers.files_being_written(self.session, self.folder)
             self._writers_at = now
         return self._writers
 
     def observe(self) -> None:
-        """One look at the folder: remember each file's state when no process is writing it."""
+        """One look at the folder: remember each file's state once it is settled, i.e. the
+        same as at the previous look, with no process of the workload writing it (checked
+        before and after the look, so a write that opens and closes the file in between is
+        not taken for a settled state)."""
+        before = self.writing(fresh=True)
         files = {rel: st for rel, st in snapshot(self.folder).items() if st[0] >= 0}
         with self._watch_lock:
             moved = any(self._quiet.get(rel) != st for rel, st in files.items())
-        busy = self.writing() if moved else set()
+        busy = before | self.writing(fresh=True) if moved else set()
         with self._watch_lock:
             for rel, st in files.items():
-                if rel not in busy:
+                if rel not in busy and self._seen.get(rel) == st:
                     self._quiet[rel] = st
+            self._seen = files
+
+    def _busy(self, rel: str) -> bool:
+        """While the workload runs: is it writing `rel`? Once its leader has died, any file
+        may be half-written, so every one is (the last sync decides what to trust)."""
+        session = self.session
+        if session is None:
+            return False
+        return not writers.alive(session) or rel in self.writing()
+
+    def leader_exited(self) -> None:
+        """The workload's leader has exited; what its other processes are writing now will be
+        cut off by the kill of its group, so those files keep their previous version."""
+        self._left_writing = set(self.writing(fresh=True))
 
     def untrusted(self) -> set[str]:
         """Files that changed since they were last seen with no writer: after the workload
@@ -338,7 +359,7 @@ class DirectorySync:
                     validation_reference=None,
                     meta={"source": "agent-directory-sync"},
                     cancel=None,
-                    busy=lambda rel: rel in self.writing(),
+                    busy=self._busy,
                     hold=hold,
                 )
             except (StoreError, OSError) as exc:
@@ -401,7 +422,7 @@ class DirectorySync:
             self._thread.join()
         self.session = None
         try:
-            hold = self.untrusted() if died else set()
+            hold = (self.untrusted() if died else set()) | self._left_writing
             if hold:
                 logger.info(
                     "the workload died while these files changed; their previous versions are "

@@ -441,6 +441,8 @@ class Agent:
             time.sleep(TICK)
         # The leader has exited but is not reaped yet, so its process group id cannot have been
         # reused: anything it left behind is killed now, then the leader is reaped.
+        if self.sync is not None:
+            self.sync.leader_exited()
         self.workload.kill_group()
         returncode = self.workload.wait()
         self.workload.finish_output()

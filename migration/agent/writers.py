@@ -41,6 +41,17 @@ def session_pids(session: int) -> list[int]:
     return pids
 
 
+def alive(pid: int) -> bool:
+    """True while process `pid` runs (False once it has exited, even before it is reaped)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc to ask: assume it runs, as without this check
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+
+
 def _opened_for_writing(pid: int, fd: str) -> bool:
     try:
         with open(PROC / str(pid) / "fdinfo" / fd, "rb") as info:
