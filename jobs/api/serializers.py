@@ -8,6 +8,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
+from costs.estimator import MAX_CHECKPOINT_GB, MAX_WORK_HOURS
 from jobs.models import Job, Project
 from jobs.workloads.catalog import validate_directory_options, validate_params
 from migration.models import Accelerator
@@ -70,9 +71,13 @@ class JobSerializer(serializers.ModelSerializer):
     project = serializers.PrimaryKeyRelatedField(
         queryset=Project.objects.none(), required=False, allow_null=True
     )
-    # Bounded: an estimate's work grows with them, and 1e308 made it infinite (a 500).
-    expected_hours = serializers.FloatField(required=False, min_value=1e-6, max_value=10_000)
-    checkpoint_gb = serializers.FloatField(required=False, min_value=1e-6, max_value=100_000)
+    # Bounded as the estimator is: its work grows with them, and 1e308 made it infinite (a 500).
+    expected_hours = serializers.FloatField(
+        required=False, min_value=1e-6, max_value=MAX_WORK_HOURS
+    )
+    checkpoint_gb = serializers.FloatField(
+        required=False, min_value=1e-6, max_value=MAX_CHECKPOINT_GB
+    )
     max_price_per_hour = serializers.DecimalField(
         max_digits=10,
         decimal_places=4,
