@@ -53,7 +53,7 @@ from migration.replication import (
     holders,
     verify_replica,
 )
-from migration.selectors import checkpoint_rank, complete_checkpoints, open_migration
+from migration.selectors import UNREACHABLE, checkpoint_rank, complete_checkpoints, open_migration
 from migration.services import (
     AGENT_GRACE_S,
     end_instance,
@@ -250,12 +250,13 @@ def copy_for_start(job_id: int) -> int:
     assert migration.checkpoint is not None
     try:
         copy = copy_to_region(migration.checkpoint, region)
-    except ReplicationFailed as exc:
+    except ReplicationFailed as exc:  # that region's store is down: place the job elsewhere
         logger.warning("job %s: %s", job_id, exc)
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
-            if job.state == JobState.STARTING:
-                fail_job(job, f"the checkpoint could not be copied to the target region: {exc}")
+            again = _waiting_for_replica(job)
+            if again is not None and again[0].pk == migration.pk:
+                _start_again(job, again[0], f"the checkpoint could not be copied: {exc}", region)
         return 0
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
@@ -480,13 +481,17 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
         _released(job, migration, reason)
 
 
-def _start_again(job: Job, migration: Migration, why: str) -> None:
+def _start_again(job: Job, migration: Migration, why: str, avoid_region: str = "") -> None:
     """End the instances placed for the migration and place the job again; the checkpoint
-    stays (nothing says it is bad)."""
+    stays (nothing says it is bad). `avoid_region`: placement leaves that region out for the
+    rest of this migration (its store cannot be reached)."""
     for other in _active(job).filter(migration=migration).select_related("pool"):
         end_instance(other, InstanceState.RELEASED)
     migration.phase = MigrationPhase.PLACING
-    migration.validation = {"restarted": why}
+    avoided = list((migration.validation or {}).get(UNREACHABLE, []))
+    if avoid_region and avoid_region not in avoided:
+        avoided.append(avoid_region)
+    migration.validation = {"restarted": why, UNREACHABLE: avoided}
     migration.save(update_fields=["phase", "validation"])
     if job.state == JobState.STARTING:
         set_state(job, JobState.MIGRATING)
@@ -739,7 +744,10 @@ def rollback(job: Job, migration: Migration, why: str) -> None:
     target = previous[0] if previous else None
     migration.rollbacks += 1
     migration.checkpoint = target
-    migration.validation = {"rolled_back_from": failed.pk if failed else None}
+    migration.validation = {
+        "rolled_back_from": failed.pk if failed else None,
+        UNREACHABLE: (migration.validation or {}).get(UNREACHABLE, []),
+    }
     migration.phase = MigrationPhase.PLACING
     migration.save(update_fields=["rollbacks", "checkpoint", "validation", "phase"])
     record_event(

@@ -395,6 +395,21 @@ def open_migration(job: Job) -> Migration | None:
     return job.migrations.exclude(phase__in=CLOSED_PHASES).order_by("-id").first()
 
 
+# Regions a migration's placement leaves out (their store could not be reached), kept in
+# `Migration.validation` beside the attempt's validation.
+UNREACHABLE = "unreachable_regions"
+
+
+def unreachable_pools(migration: Migration | None) -> frozenset[int]:
+    """The pools of the regions the migration found unreachable."""
+    regions = ((migration.validation or {}).get(UNREACHABLE) or []) if migration else []
+    if not regions:
+        return frozenset()
+    return frozenset(
+        CapacityPool.objects.filter(region__code__in=regions).values_list("pk", flat=True)
+    )
+
+
 def checkpoint_rank(checkpoint: Checkpoint) -> int:
     return ManifestRef.parse(checkpoint.manifest_key).rank
 

@@ -26,7 +26,7 @@ from migration.choices import (
 )
 from migration.events import record_event
 from migration.models import CapacityPool, Instance, Migration
-from migration.selectors import open_migration, placement_decision
+from migration.selectors import open_migration, placement_decision, unreachable_pools
 from portal.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,9 @@ def place_job(job_id: int) -> PlacementOutcome:
                 reason = "the pool pre-reserved at the advance notice"
                 _placed(job, migration, pool, instances, _pool_data(pool, reason))
                 return PlacementOutcome(job_id, True, reason, pool.pk)
-            choice, decision, reason = placement_decision(job)
+            choice, decision, reason = placement_decision(
+                job, exclude_pools=unreachable_pools(migration)
+            )
             if choice is None:
                 last = job.events.order_by("-id").first()
                 set_state(job, JobState.WAITING, waiting_since=job.waiting_since or timezone.now())

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from migration import replication
+from migration import orchestration, replication, services
 from migration.checkpoint import ManifestRef
 from migration.choices import ReplicaStatus
 from migration.models import (
@@ -21,10 +21,12 @@ from migration.models import (
     Migration,
     Region,
     RegionLatency,
+    TimelineEvent,
 )
 from tests.conftest import submit
 from tests.migration.checkpoint.conftest import S3_ENV, s3_server  # noqa: F401  (a fixture)
 from tests.migration.checkpoint.s3server import BUCKET, S3Server
+from tests.migration.test_orchestration import Recorder, backend, running_job  # noqa: F401
 
 MIB = 1024 * 1024
 BASE_MB = 8  # frozen, like a pretrained base
@@ -256,3 +258,38 @@ def test_retention_never_removes_the_checkpoint_a_migration_restores(
     replication.retain(trainer.job)
 
     assert Checkpoint.objects.filter(pk=old.pk).exists()
+
+
+def test_a_start_whose_region_store_is_down_is_placed_in_another_region(
+    catalogue: dict[str, Any],
+    alice: Any,
+    regions: dict[str, Region],
+    backend: Recorder,  # noqa: F811
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replication, "STORE_RETRY_S", 0.5)
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    settings.BATON_REGION_STORES = {"us-west-2": "s3://nobody-listens/ckpt"}
+    settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
+    job, agents = running_job(alice, catalogue, backend)
+    with replication.open_region("us-east-1", job) as store:
+        key = store.save(str(job.pk), 30, {"w": np.ones(1000, np.float32)}, kind="emergency").ref
+    agents[0].send("notice", level="final", source="imds")
+    agents[0].send("checkpoint", manifest=key.key, step=30, kind="emergency", rank=0)
+    agents[0].send("exit", reason="preempted")
+    CapacityPool.objects.filter(region=regions["us-east-1"]).update(enabled=False)
+
+    services.place_job(job.pk)  # us-west-2 is the cheapest left: its store does not answer
+    assert orchestration.start_job(job.pk) == 0  # the copy is queued, not done here
+    assert orchestration.copy_for_start(job.pk) == 0
+    services.place_job(job.pk)
+    orchestration.start_job(job.pk)
+    assert orchestration.copy_for_start(job.pk) == 1
+
+    new = Instance.objects.get(job=job, state="provisioning")
+    assert new.pool.region.code == "eu-west-1"
+    ready = TimelineEvent.objects.filter(job=job, kind="replica_ready").get()
+    assert (ready.data["region"], ready.data["source"]) == ("eu-west-1", "us-east-1")
+    assert "fetched from us-east-1" in ready.data["note"]
