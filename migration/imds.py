@@ -10,16 +10,15 @@ AWS paths the agent polls, so the same agent code runs here and on EC2:
 GETs need the token (IMDSv2: 401 without). `<key>` is an HMAC of the instance id with the
 secret key, so one instance cannot read (or guess) another's endpoint; a wrong key is a 404.
 Tokens are signed (the secret key) and carry their instance and expiry: no database row per
-token. A poll costs one query by primary key; an instance Baton has ended (released, failed)
-answers the final notice, as a machine that is gone would.
+token. The answers themselves come from `migration.agent.metadata_server`, shared with the
+agent's interruption rehearsal. A poll costs one query by primary key; an instance Baton has
+ended (released, failed) answers the final notice, as a machine that is gone would.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import time
-from datetime import UTC, datetime
 from hashlib import sha256
 
 from django.conf import settings
@@ -29,11 +28,11 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from migration.agent.metadata_server import ADVANCE, FINAL, Answer, notice_answer, token_answer
 from migration.choices import ACTIVE_INSTANCE_STATES
 from migration.models import Instance
 
 TOKEN_SALT = "baton.imds.token"
-MAX_TTL = 21600
 
 
 def metadata_key(instance_id: int) -> str:
@@ -46,12 +45,14 @@ def metadata_url(instance_id: int) -> str:
     return f"{settings.BATON_PUBLIC_URL}/imds/{instance_id}/{metadata_key(instance_id)}"
 
 
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _plain(status: int, body: str = "") -> HttpResponse:
-    response = HttpResponse(body, status=status, content_type="text/plain")
+    return _response(Answer(status, body))
+
+
+def _response(answer: Answer) -> HttpResponse:
+    response = HttpResponse(answer.body, status=answer.status, content_type=answer.content_type)
+    for name, value in answer.headers:
+        response[name] = value
     # "No notice" is a 404 every poll of every agent: not worth a warning in the web log.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response
@@ -67,14 +68,13 @@ def token(request: HttpRequest, instance_id: int, key: str) -> HttpResponse:
         return _plain(404, "Not Found")
     if request.method != "PUT":
         return _plain(405, "Method Not Allowed")
-    raw = request.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
-    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_TTL):
-        return _plain(400, "Bad Request")
-    expires = round(time.time() + int(raw), 3)
-    signed = signing.dumps({"i": instance_id, "exp": expires}, salt=TOKEN_SALT)
-    response = _plain(200, signed)
-    response["X-aws-ec2-metadata-token-ttl-seconds"] = raw
-    return response
+
+    def make_token(ttl: int) -> str:
+        expires = round(time.time() + ttl, 3)
+        return signing.dumps({"i": instance_id, "exp": expires}, salt=TOKEN_SALT)
+
+    ttl = request.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+    return _response(token_answer(ttl, make_token))
 
 
 def _authorised(request: HttpRequest, instance_id: int) -> bool:
@@ -103,29 +103,25 @@ def _notice(request: HttpRequest, instance_id: int, key: str, level: str) -> Htt
     )
     if row is None:
         return _plain(404, "Not Found")
-    now = timezone.now()
-    if level == "advance" and row["advance_notice_at"] and row["advance_notice_at"] <= now:
-        return _json({"noticeTime": _iso(row["advance_notice_at"])})
-    if level == "final":
-        gone = row["state"] not in ACTIVE_INSTANCE_STATES
-        if gone or (row["final_notice_at"] and row["final_notice_at"] <= now):
-            when = row["reclaim_at"] or row["ended_at"] or now
-            return _json({"action": "terminate", "time": _iso(when)})
-    return _plain(404, "Not Found")
-
-
-def _json(body: dict[str, str]) -> HttpResponse:
-    return HttpResponse(json.dumps(body), content_type="application/json")
+    answer = notice_answer(
+        level,
+        timezone.now(),
+        row["advance_notice_at"],
+        row["final_notice_at"],
+        row["reclaim_at"] or row["ended_at"],
+        gone=row["state"] not in ACTIVE_INSTANCE_STATES,
+    )
+    return _response(answer)
 
 
 @csrf_exempt
 def rebalance(request: HttpRequest, instance_id: int, key: str) -> HttpResponse:
-    return _notice(request, instance_id, key, "advance")
+    return _notice(request, instance_id, key, ADVANCE)
 
 
 @csrf_exempt
 def instance_action(request: HttpRequest, instance_id: int, key: str) -> HttpResponse:
-    return _notice(request, instance_id, key, "final")
+    return _notice(request, instance_id, key, FINAL)
 
 
 urlpatterns = [
