@@ -114,3 +114,59 @@ def completion_time(inp: EstimateInput) -> dict[str, Any]:
         xaxis_title="hours",
         yaxis_title="share of simulated runs",
     )
+
+
+DECISION_COLOURS = {
+    "spot": "#2a9d8f",
+    "on_demand": "#e9c46a",
+    "waiting": "#bbbbbb",
+    "unavailable": "#c3462b",
+}
+
+
+def replay_decisions(replay: dict[str, Any]) -> dict[str, Any]:
+    """The what-if replay over time: when spot was away, what the policy and greedy did in
+    every stretch (spot, on-demand, waiting) and where they were preempted."""
+    rows: dict[str, list[tuple[float, float]]] = {state: [] for state in DECISION_COLOURS}
+    labels: dict[str, list[str]] = {state: [] for state in DECISION_COLOURS}
+    for start, end in replay["spot_unavailable"]:
+        rows["unavailable"].append((start, end))
+        labels["unavailable"].append("spot away")
+    for plan in ("greedy", "policy"):
+        for segment in replay["decisions"][plan]:
+            rows[str(segment["state"])].append((segment["start_hours"], segment["end_hours"]))
+            labels[str(segment["state"])].append(plan)
+    data: list[go.BaseTraceType] = [
+        go.Bar(
+            x=[end - start for start, end in spans],
+            base=[start for start, _ in spans],
+            y=labels[state],
+            orientation="h",
+            name=state.replace("_", "-"),
+            marker_color=DECISION_COLOURS[state],
+        )
+        for state, spans in rows.items()
+        if spans
+    ]
+    for plan in ("greedy", "policy"):
+        at = replay["preemptions_at_hours"][plan]
+        if at:
+            data.append(
+                go.Scatter(
+                    x=at,
+                    y=[plan] * len(at),
+                    mode="markers",
+                    marker={"symbol": "x", "size": 9, "color": "#222"},
+                    name=f"preempted ({plan})",
+                )
+            )
+    fig = go.Figure(data)
+    deadline = replay["job"]["deadline_hours"]
+    fig.add_vline(x=deadline, line_dash="dash", annotation_text="deadline")
+    return _figure(
+        fig,
+        "Decisions over time",
+        barmode="overlay",
+        xaxis_title="hours from the window's start",
+        yaxis={"categoryorder": "array", "categoryarray": ["spot away", "greedy", "policy"]},
+    )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -170,14 +170,44 @@ def _availability(unavailable: np.ndarray, n_ticks: int) -> np.ndarray:
     return avail
 
 
+WAITING = "waiting"
+
+
+@dataclass
+class ReplayLog:
+    """What a replay did, tick by tick: the market of every tick until the finish (``spot``,
+    ``on_demand`` or ``waiting``) and the ticks at whose start the job lost spot."""
+
+    states: list[str] = field(default_factory=list)
+    preempted_at: list[int] = field(default_factory=list)
+
+    def segments(self, tick_hours: float) -> list[dict[str, object]]:
+        """Runs of one state: ``[{"state", "start_hours", "end_hours"}, ...]``."""
+        out: list[dict[str, object]] = []
+        for tick, state in enumerate(self.states):
+            if out and out[-1]["state"] == state:
+                out[-1]["end_hours"] = round((tick + 1) * tick_hours, 6)
+            else:
+                out.append(
+                    {
+                        "state": state,
+                        "start_hours": round(tick * tick_hours, 6),
+                        "end_hours": round((tick + 1) * tick_hours, 6),
+                    }
+                )
+        return out
+
+
 def replay(
     unavailable: np.ndarray,
     gap_seconds: float,
     job: ReplayJob,
     policy: ReplayPolicy,
     spot_prices: np.ndarray | None = None,
+    log: ReplayLog | None = None,
 ) -> ReplayOutcome:
-    """Run ``policy`` over the trace tick by tick and return what it realised."""
+    """Run ``policy`` over the trace tick by tick and return what it realised; when ``log`` is
+    given, what it did in every tick is written to it."""
     grid = Grid.of(gap_seconds, job)
     q, r, w = grid.units_per_tick, grid.overhead_units, grid.work_units
     g = grid.tick_hours
@@ -198,6 +228,8 @@ def replay(
             preemptions += 1
             market = None
             waited_since = t
+            if log is not None:
+                log.preempted_at.append(t)
         state = ReplayState(
             tick=t,
             tick_hours=g,
@@ -218,8 +250,12 @@ def replay(
             if market == MARKET_SPOT:
                 waited_since = t
             market = None
+            if log is not None:
+                log.states.append(WAITING)
             t += 1
             continue
+        if log is not None:
+            log.states.append(choice)
         if choice != market:
             o = r
             restarts += 1
@@ -395,6 +431,10 @@ def optimal_outcome(
     # Ticks t..t+k-1 all available: a spot start at t survives its overhead.
     run = np.convolve(avail.astype(int), np.ones(k, dtype=int))[k - 1 :][:span]
     spot_start_ok = run >= k
+    # Consecutive available ticks from each tick on (0 where spot is away).
+    avail_run = np.zeros(span + 1, dtype=np.int64)
+    for i in range(span - 1, -1, -1):
+        avail_run[i] = avail_run[i + 1] + 1 if avail[i] else 0
     cum_s = np.concatenate(([0.0], np.cumsum(cs)))
     cum_o = np.concatenate(([0.0], np.cumsum(co)))
 
@@ -440,7 +480,7 @@ def optimal_outcome(
             od_cost = pool[short] + (cum_o[t + full] - cum_o[t]) + co[t + full] * part
             best.offer(od_cost, fin, c_pool[short], grid.deadline_ticks)
             ticks_used = -(-used // q)
-            sp_ok = np.array([bool(avail[t : t + n].all()) for n in ticks_used])
+            sp_ok = ticks_used <= avail_run[t]
             if sp_ok.any():
                 sp_cost = pool[short] + (cum_s[t + full] - cum_s[t]) + cs[t + full] * part
                 best.offer(sp_cost[sp_ok], fin[sp_ok], c_pool[short][sp_ok], grid.deadline_ticks)
@@ -546,6 +586,7 @@ __all__ = [
     "Grid",
     "ReplayComparison",
     "ReplayJob",
+    "ReplayLog",
     "ReplayOutcome",
     "ReplayPolicy",
     "ReplayState",

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import reduce
+from operator import or_
+
+from django.db.models import Q
 
 from costs.charts import PriceSeries
-from costs.models import PriceSample, SpotPoolHistory
+from costs.models import AvailabilitySample, PriceSample, SpotPoolHistory
 from migration.choices import Market
 from migration.models import CapacityPool, TimelineEvent
 
@@ -59,3 +63,35 @@ def emergency_miss_share(default: float, last: int = 500) -> float:
     if notices < MIN_NOTICES_FOR_MISS_SHARE:
         return default
     return min(1.0, kinds.count("checkpoint_missed") / notices)
+
+
+def stored_trace_names() -> list[str]:
+    """The traces in history, by the name they were imported under (the nodes of a wide trace,
+    stored as `name#k`, under one name)."""
+    names = AvailabilitySample.objects.values_list("trace", flat=True).distinct()
+    return sorted({name.split("#", 1)[0] for name in names})
+
+
+def stored_trace_samples(name: str) -> list[AvailabilitySample]:
+    """The runs of a stored trace (every node of a wide one), ordered by node, then time."""
+    return list(
+        AvailabilitySample.objects.filter(Q(trace=name) | Q(trace__startswith=f"{name}#"))
+        .select_related("region", "accelerator")
+        .order_by("trace", "at")
+    )
+
+
+def pool_trace_names(pool: CapacityPool) -> list[str]:
+    """The stored traces behind a spot pool's figures: its region and card's own, else those
+    of the histories it borrows from; longest first."""
+    history = spot_pool_history(pool.pk)
+    places = [(pool.region.code, pool.accelerator.name)]
+    if history is not None and history.source == "borrowed":
+        places = [tuple(label.split(" in ")[::-1]) for label in history.borrowed_from]
+    rows = AvailabilitySample.objects.filter(
+        reduce(or_, (Q(region__code=r, accelerator__name=a) for r, a in places))
+    )
+    ticks: dict[str, int] = defaultdict(int)
+    for name, count in rows.values_list("trace", "ticks"):
+        ticks[name.split("#", 1)[0]] += count
+    return sorted(ticks, key=lambda name: (-ticks[name], name))

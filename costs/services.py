@@ -16,15 +16,17 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import Case, OuterRef, Subquery, When
 
 from costs import selectors
 from costs.borrowing import figures_for
 from costs.estimator import (
     DEFAULT_EMERGENCY_MISS_SHARE,
+    DEFAULT_MIGRATION_OVERHEAD_HOURS,
     DEFAULT_NOTICE_SECONDS,
     Estimate,
     EstimateInput,
@@ -40,7 +42,9 @@ from costs.history import (
     trace_start,
 )
 from costs.models import AvailabilitySample, PriceSample, SpotPoolHistory
-from costs.traces import Trace, load_trace, recent
+from costs.replay import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, ReplayJob
+from costs.traces import Trace, load_trace, recent, trace_from_dict
+from costs.what_if import ReplayRefused, WhatIfJob, WhatIfResult, replay_what_if
 from jobs.models import Job
 from migration.choices import Market
 from migration.models import Accelerator, CapacityPool, Region
@@ -381,3 +385,113 @@ def accrue_job_costs(job: Job) -> tuple[Decimal, Decimal]:
     Job.objects.filter(pk=job.pk).update(cost_so_far=cost, on_demand_cost_so_far=baseline)
     job.cost_so_far, job.on_demand_cost_so_far = cost, baseline
     return cost, baseline
+
+
+def stored_trace(name: str) -> Trace | None:
+    """A trace of history rebuilt from its runs (every node of a wide one), or None."""
+    samples = selectors.stored_trace_samples(name)
+    if not samples:
+        return None
+    by_node: dict[str, list[AvailabilitySample]] = defaultdict(list)
+    for sample in samples:
+        by_node[sample.trace].append(sample)
+    first = samples[0]
+    nodes = [
+        trace_from_runs(
+            node,
+            first.region.code,
+            first.accelerator.name,
+            rows[0].gap_seconds,
+            [Run(0, row.ticks, row.available) for row in rows],
+        )
+        for node, rows in sorted(by_node.items())
+    ]
+    length = max(node.ticks for node in nodes)
+    lost = np.zeros(length, dtype=np.int64)
+    for node in nodes:
+        lost[: node.ticks] += node.unavailable
+        lost[node.ticks :] += 1  # a node whose record ends early counts as lost
+    width = len(nodes)
+    return Trace(
+        name=name,
+        region=first.region.code,
+        zone=None,
+        accelerator=first.accelerator.name,
+        nodes=width,
+        gap_seconds=float(first.gap_seconds),
+        unavailable=lost >= width,
+        lost_nodes=lost if width > 1 else None,
+    )
+
+
+def _job_prices(pool: CapacityPool, nodes: int) -> tuple[float, float]:
+    """(spot, on-demand) per hour of a gang of `nodes` on `pool`'s hardware: the pool's own
+    price and the cheapest on-demand pool of the same card and width (its region first)."""
+    on_demand = (
+        CapacityPool.objects.filter(
+            market=Market.ON_DEMAND,
+            accelerator_id=pool.accelerator_id,
+            gpus_per_instance=pool.gpus_per_instance,
+        )
+        .order_by(Case(When(region_id=pool.region_id, then=0), default=1), "price_per_hour")
+        .values_list("price_per_hour", flat=True)
+        .first()
+    )
+    spot = float(pool.price_per_hour) * nodes
+    return spot, float(on_demand if on_demand is not None else pool.price_per_hour) * nodes
+
+
+def replay_for_user(fields: dict[str, Any]) -> WhatIfResult:
+    """What-if replay (`POST /api/replays/` and the replay page) from validated fields: a job's
+    shape and tolerance over an uploaded trace, a stored one, or a spot pool's own history
+    (with the pool's prices). Raises ``ReplayRefused`` naming the field when it cannot."""
+    from migration.selectors import migration_overhead_hours
+
+    nodes = fields.get("nodes") or 1
+    pool: CapacityPool | None = fields.get("pool")
+    trace: Trace | None = None
+    if fields.get("trace_data") is not None:
+        try:
+            trace = trace_from_dict("uploaded", fields["trace_data"])
+        except ValueError as exc:
+            raise ReplayRefused("trace_data", str(exc)) from None
+    elif fields.get("trace"):
+        trace = stored_trace(fields["trace"])
+        if trace is None:
+            raise ReplayRefused("trace", f"no stored trace is named {fields['trace']!r}")
+    elif pool is not None:
+        names = selectors.pool_trace_names(pool)
+        if not names:
+            raise ReplayRefused(
+                "pool", "this pool has no history to replay, nor a similar one: name a trace"
+            )
+        trace = stored_trace(names[0])
+    if trace is None:
+        raise ReplayRefused("trace", "give a trace (a stored one's name), trace_data, or a pool")
+    spot_price, on_demand_price = DEFAULT_SPOT_PRICE * nodes, DEFAULT_ON_DEMAND_PRICE * nodes
+    if pool is not None:
+        spot_price, on_demand_price = _job_prices(pool, nodes)
+    if fields.get("spot_price") is not None:
+        spot_price = fields["spot_price"]
+    if fields.get("on_demand_price") is not None:
+        on_demand_price = fields["on_demand_price"]
+    restart = fields.get("restart_overhead_hours")
+    if restart is None:
+        restart = migration_overhead_hours(DEFAULT_MIGRATION_OVERHEAD_HOURS)
+    deadline = fields["deadline_hours"]
+    start = fields.get("start_hours")
+    if start is None:  # a pool's own history: its most recent window
+        start = max(0.0, trace.hours - deadline) if pool is not None else 0.0
+    try:
+        job = ReplayJob(fields["task_hours"], deadline, restart, spot_price, on_demand_price)
+    except ValueError as exc:
+        raise ReplayRefused("non_field_errors", str(exc)) from None
+    request = WhatIfJob(
+        job=job,
+        tolerance=fields.get("tolerance") or "balanced",
+        nodes=nodes,
+        start_hours=start,
+        max_wait_hours=fields.get("max_wait_hours"),
+        max_interruptions=fields.get("max_interruptions"),
+    )
+    return replay_what_if(request, trace)

@@ -23,6 +23,7 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("estimates/", EstimateView.as_view(), name="estimates"),
+    path("", include("costs.api.urls")),
     path("agent/events/", AgentEventsView.as_view(), name="agent-events"),
     path("agent/logs/", AgentLogsView.as_view(), name="agent-logs"),
     path("", include(router.urls)),

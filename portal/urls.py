@@ -13,6 +13,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("costs/", costs_page, name="costs"),
+    path("costs/", include("costs.urls")),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("tokens/", views.api_tokens, name="api-tokens"),
     path("login/", views.LoginView.as_view(), name="login"),
