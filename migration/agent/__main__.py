@@ -1,5 +1,7 @@
 """`python -m migration.agent [--] COMMAND...` (also `baton-agent`): run one instance's agent.
 
+`baton-agent rehearse [OPTIONS] -- COMMAND...` rehearses an interruption (see rehearse.py).
+
 The configuration comes from the environment (see docs/instance-side.md, "Agent"); the
 workload command is given after `--` or as a JSON list in BATON_AGENT_COMMAND.
 """
@@ -18,7 +20,8 @@ logger = logging.getLogger("migration.agent")
 
 _EPILOG = """\
 exit status: 0 finished, 1 failed, 2 bad configuration, 3 restore failed, 75 preempted.
-Configuration: the BATON_* environment; see docs/instance-side.md ("Agent")."""
+Configuration: the BATON_* environment; see docs/instance-side.md ("Agent").
+`baton-agent rehearse --help`: try an interruption of COMMAND before a real one comes."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +55,11 @@ def _setup_logging(level: str, log_file: str | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `baton-agent`; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "rehearse":
+        from migration.agent.rehearse import main as rehearse
+
+        _setup_logging("INFO")
+        return rehearse(args[1:])
     if args and args[0] == "--":
         command = args[1:]
     else:

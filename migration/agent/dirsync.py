@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from migration.agent import writers
 from migration.agent.config import ConfigError
 from migration.checkpoint import ManifestRef, StoreConfigError, StoreError, open_store
-from migration.checkpoint.directory import RESTORE_TMP, save_directory
+from migration.checkpoint.directory import RESTORE_TMP, NothingSettled, save_directory
 
 if TYPE_CHECKING:
     from migration.agent.config import AgentConfig
@@ -47,8 +47,6 @@ logger = logging.getLogger(__name__)
 
 Snapshot = dict[str, tuple[int, int]]
 SCAN_EVERY = 0.25
-# How long one look at the workload's open files is trusted (one save asks once per file).
-WRITERS_TTL = 0.05
 # A file's mtime comes from the kernel's coarse clock (a tick behind, up to 4 ms) and a line is
 # read a moment after it was printed: a step read this soon after a file's mtime still counts
 # as shown before the write.
@@ -130,8 +128,6 @@ class DirectorySync:
         self._left_writing: set[str] = set()
         self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)
         self._base_step = 0
-        self._writers: set[str] = set()
-        self._writers_at = -1.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -250,27 +246,23 @@ class DirectorySync:
         """From now on, files the processes of `session` hold open for writing are busy."""
         self.session = session
 
-    def writing(self, fresh: bool = False) -> set[str]:
-        """Files of the folder the workload holds open for writing (looked up at most every
-        WRITERS_TTL seconds unless `fresh`)."""
+    def writing(self) -> set[str]:
+        """Files of the folder the workload holds open for writing, looked up now (a cached
+        answer could miss a write that began since, and let a half-written file through)."""
         if self.session is None:
             return set()
-        now = time.monotonic()
-        if fresh or now - self._writers_at > WRITERS_TTL:
-            self._writers = writers.files_being_written(self.session, self.folder)
-            self._writers_at = now
-        return self._writers
+        return writers.files_being_written(self.session, self.folder)
 
     def observe(self) -> None:
         """One look at the folder: remember each file's state once it is settled, i.e. the
         same as at the previous look, with no process of the workload writing it (checked
         before and after the look, so a write that opens and closes the file in between is
         not taken for a settled state)."""
-        before = self.writing(fresh=True)
+        before = self.writing()
         files = {rel: st for rel, st in snapshot(self.folder).items() if st[0] >= 0}
         with self._watch_lock:
             moved = any(self._quiet.get(rel) != st for rel, st in files.items())
-        busy = before | self.writing(fresh=True) if moved else set()
+        busy = before | self.writing() if moved else set()
         with self._watch_lock:
             for rel, st in files.items():
                 if rel not in busy and self._seen.get(rel) == st:
@@ -288,7 +280,7 @@ class DirectorySync:
     def leader_exited(self) -> None:
         """The workload's leader has exited; what its other processes are writing now will be
         cut off by the kill of its group, so those files keep their previous version."""
-        self._left_writing = set(self.writing(fresh=True))
+        self._left_writing = set(self.writing())
 
     def untrusted(self) -> set[str]:
         """Files that changed since they were last seen with no writer: after the workload
@@ -361,7 +353,11 @@ class DirectorySync:
                     cancel=None,
                     busy=self._busy,
                     hold=hold,
+                    allow_empty=False,
                 )
+            except NothingSettled as exc:
+                logger.info("%s", exc)
+                return None
             except (StoreError, OSError) as exc:
                 logger.warning("checkpoint sync of %s failed (retried later): %s", self.folder, exc)
                 return None

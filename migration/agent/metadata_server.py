@@ -140,6 +140,11 @@ class MetadataServer:
         with self._lock:
             self.schedule = Schedule(advance_at, final_at, reclaim_at)
 
+    def clear(self) -> None:
+        """No notice any more (a new instance behind the same endpoint)."""
+        with self._lock:
+            self.schedule = Schedule()
+
     def _new_token(self, ttl: int) -> str:
         token = secrets.token_urlsafe(24)
         with self._lock:

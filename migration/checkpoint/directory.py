@@ -37,6 +37,11 @@ _ATTEMPTS = 3
 RESTORE_TMP = ".baton-tmp-"
 
 
+class NothingSettled(SaveCancelled):
+    """A directory save found no file it could record (each was being written, or changed
+    when its writer died, with no earlier version): nothing was committed."""
+
+
 @dataclass
 class RestoreStats:
     """What restoring a directory checkpoint did."""
@@ -85,6 +90,7 @@ def save_directory(
     cancel: Cancel | None,
     busy: Callable[[str], bool] | None = None,
     hold: Collection[str] = (),
+    allow_empty: bool = True,
 ) -> SaveResult:
     """See Store.save_directory.
 
@@ -92,6 +98,7 @@ def save_directory(
     (before or after it is read), one named in `hold` (its content is not trusted: its writer
     died while it changed), and one that kept changing while it was read keep the version the
     parent checkpoint recorded, or are left out when the parent has none (decision 060).
+    Without `allow_empty`, a save that would record no file at all raises NothingSettled.
     """
     from .store import _ChunkWriter
 
@@ -198,6 +205,8 @@ def save_directory(
                 read(rel, os.stat(root / rel, follow_symlinks=False))
         for rel in settle():
             logger.warning("directory snapshot: chunks of %s are gone; left out", rel)
+        if not allow_empty and not any(e["type"] == "file" for e in files.values()):
+            raise NothingSettled(f"no file of {root} is settled yet; nothing to save")
         referenced = {chunk for e in files.values() for chunk, _ in e.get("chunks", ())}
         writer.drop([chunk for chunk in list(writer.new_chunks) if chunk not in referenced])
         writer.finish()
