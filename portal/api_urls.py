@@ -1,4 +1,4 @@
-"""The REST API under /api/ (DESIGN §9)."""
+"""The REST API under /api/ (DESIGN §9), its URL names in the `api` namespace (`api:job-detail`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ urlpatterns = [
     path("auth/token/", TokenView.as_view(), name="api-token"),
     path("auth/ws-ticket/", WsTicketView.as_view(), name="api-ws-ticket"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:api-schema"), name="api-docs"),
     path("estimates/", EstimateView.as_view(), name="estimates"),
     path("", include("costs.api.urls")),
     path("agent/events/", AgentEventsView.as_view(), name="agent-events"),

@@ -19,7 +19,8 @@ urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("api/", include("portal.api_urls")),
+    # Namespaced: the router's names (`job-detail`, ...) would otherwise shadow the pages'.
+    path("api/", include(("portal.api_urls", "api"))),
     # The metadata endpoint of local instances (IMDS paths; see migration/imds.py).
     path("imds/", include("migration.imds")),
 ]
