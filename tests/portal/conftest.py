@@ -57,19 +57,15 @@ class Stack:
             return error.code, json.loads(error.read() or b"null")
 
 
-def _redis_url_for_stack() -> str:
-    """The test Redis server, in a database of the stack's own (its workers must not share
+def redis_url_for_stacks(database: int = 14) -> str:
+    """The test Redis server, in a database of the stacks' own (their workers must not share
     queues with the test worker)."""
-    return os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/14"
+    return os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{database}"
 
 
-def start_stack(home: Path) -> Stack:
-    """Start the launcher on a free port in `home` and wait until it serves HTTP."""
-    import redis
-
+def launch_stack(home: Path, redis_url: str, **extra_env: str) -> Stack:
+    """Start the launcher on a free port in `home`; `wait_for_http` before using it."""
     port = free_port()
-    redis_url = _redis_url_for_stack()
-    redis.Redis.from_url(redis_url).flushdb()
     env = {
         k: v
         for k, v in os.environ.items()
@@ -80,8 +76,8 @@ def start_stack(home: Path) -> Stack:
         PORT=str(port),
         DJANGO_SETTINGS_MODULE="portal.settings",
         REDIS_URL=redis_url,
-        BATON_CHANNEL_PREFIX="baton-stack",
         BATON_DEMO_PASSWORD=DEMO_PASSWORD,
+        **extra_env,
     )
     with open(home / "launcher.log", "ab") as log:
         proc = subprocess.Popen(
@@ -92,16 +88,28 @@ def start_stack(home: Path) -> Stack:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    base = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + 120
+    return Stack(proc, home, f"http://127.0.0.1:{port}", env)
+
+
+def wait_for_http(stack: Stack, timeout: float = 120) -> Stack:
+    end = time.monotonic() + timeout
     while True:
-        assert proc.poll() is None, (home / "launcher.log").read_text()[-2000:]
-        assert time.monotonic() < end, "the stack did not serve HTTP within 120 s"
+        assert stack.proc.poll() is None, (stack.home / "launcher.log").read_text()[-2000:]
+        assert time.monotonic() < end, f"the stack did not serve HTTP within {timeout} s"
         try:
-            urllib.request.urlopen(base + "/login/", timeout=2)
-            return Stack(proc, home, base, env)
+            urllib.request.urlopen(stack.base + "/login/", timeout=2)
+            return stack
         except OSError:
             time.sleep(0.5)
+
+
+def start_stack(home: Path) -> Stack:
+    """Start the launcher on a free port in `home` and wait until it serves HTTP."""
+    import redis
+
+    redis_url = redis_url_for_stacks()
+    redis.Redis.from_url(redis_url).flushdb()
+    return wait_for_http(launch_stack(home, redis_url, BATON_CHANNEL_PREFIX="baton-stack"))
 
 
 def stop_stack(stack: Stack) -> None:
