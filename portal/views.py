@@ -6,7 +6,6 @@ as the REST API, so the browser and the API accept and refuse exactly the same j
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import messages
@@ -24,11 +23,10 @@ from jobs.choices import Tolerance
 from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
 from migration.models import Accelerator, CapacityPool
-from portal import tokens
+from portal import job_form, tokens
 from portal.forms import TokenForm
 from portal.http import AuthenticatedHttpRequest
 from portal.models import ApiToken
-from portal.parsers import MAX_JSON_DEPTH, json_depth_exceeds
 from portal.throttling import login_blocked_for, record_login_failure
 
 
@@ -71,62 +69,55 @@ def job_detail(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
     return render(request, "portal/job_detail.html", {"job": job})
 
 
-def _form_payload(post: Any) -> dict[str, Any]:
-    """The form's fields as the API's JSON body (empty fields left out)."""
-    params_text = post.get("params", "").strip()
-    try:
-        params = json.loads(params_text) if params_text else {}
-    except (json.JSONDecodeError, RecursionError):
-        params = params_text  # the serializer reports it as a workload error
-    if json_depth_exceeds(params, MAX_JSON_DEPTH):
-        params = "nested too deeply"  # likewise
-    body: dict[str, Any] = {"workload": {"template": post.get("template", ""), "params": params}}
-    for name in (
-        "name",
-        "accelerator",
-        "gpus_per_node",
-        "nodes",
-        "total_steps",
-        "tolerance",
-        "max_price_per_hour",
-        "deadline",
-        "checkpoint_every_steps",
-        "checkpoint_every_seconds",
-        "max_interruptions",
-        "max_wait_s",
-    ):
-        value = post.get(name, "").strip()
-        if value:
-            body[name] = value
-    for flag in ("allow_model_parallel", "allow_on_demand_fallback"):
-        body[flag] = post.get(flag) == "on"
-    return body
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def job_new(request: AuthenticatedHttpRequest) -> HttpResponse:
-    errors: dict[str, Any] = {}
+    """The submission form; its estimate panel asks POST /api/estimates/ as fields change
+    (static/js/job_form.js), and a press of Estimate without scripts renders it here."""
+    errors: dict[str, str] = {}
     estimate: dict[str, Any] | None = None
     values: dict[str, Any] = {
         "nodes": 1,
         "gpus_per_node": 1,
         "total_steps": 1000,
         "tolerance": Tolerance.BALANCED,
+        "template": "mlp_numpy",
+        "workload_kind": "template",
+        # The cheapest card that has capacity, so the first estimate has something to show.
+        "accelerator": CapacityPool.objects.filter(enabled=True)
+        .order_by("price_per_hour")
+        .values_list("accelerator__name", flat=True)
+        .first(),
         "allow_on_demand_fallback": "on",
     }
     if request.method == "POST":
         values = request.POST.dict()
-        serializer = JobSerializer(data=_form_payload(request.POST), context={"request": request})
+        serializer = JobSerializer(
+            data=job_form.job_body_from_form(request.POST), context={"request": request}
+        )
         if not serializer.is_valid():
-            errors = serializer.errors
-        elif request.POST.get("action") == "estimate":  # look before you launch
+            errors = job_form.errors_by_field(serializer.errors, request.POST)
+        elif request.POST.get("action") == "estimate":  # look before you launch, no scripts
             fields = {k: v for k, v in serializer.validated_data.items() if k != "project"}
             found = estimate_job(services.build_job(request.user, **fields))
             estimate = found.to_dict() if found else {}
         else:
             job = services.submit_job(request.user, **serializer.validated_data)
             return redirect("job-detail", job_id=job.pk)
+    templates = [
+        {
+            "template": t,
+            "fields": [
+                {
+                    "field": f,
+                    "value": values.get(f.input_name, ""),
+                    "error": errors.get(f.input_name),
+                }
+                for f in job_form.param_fields(t.name)
+            ],
+        }
+        for t in TEMPLATES.values()
+    ]
     return render(
         request,
         "portal/job_new.html",
@@ -134,9 +125,13 @@ def job_new(request: AuthenticatedHttpRequest) -> HttpResponse:
             "errors": errors,
             "estimate": estimate,
             "values": values,
-            "templates": TEMPLATES.values(),
+            "templates": templates,
             "accelerators": Accelerator.objects.all(),
-            "tolerances": Tolerance.choices,
+            "tolerances": [
+                (value, label, job_form.TOLERANCE_SENTENCES[Tolerance(value)])
+                for value, label in Tolerance.choices
+            ],
+            "can_run_command": request.user.has_perm("jobs.run_command"),
         },
     )
 

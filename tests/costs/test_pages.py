@@ -71,7 +71,6 @@ def test_the_job_form_estimates_before_launching_and_saves_nothing(
     client.force_login(alice)
     form = {
         "template": "mlp_numpy",
-        "params": "{}",
         "accelerator": "V100-16GB",
         "gpus_per_node": "1",
         "nodes": "1",

@@ -92,9 +92,11 @@ def test_non_finite_numbers_are_refused(
     assert response.status_code == 400
 
 
-def test_the_form_answers_a_deeply_nested_params_field_with_an_error(
+def test_the_form_answers_a_garbage_parameter_field_with_an_error(
     catalogue: Any, alice: Any, client: Any
 ) -> None:
+    # The form has a field per template parameter (no JSON to parse): garbage in one is an
+    # error beside it, never a 500 or a job.
     client.force_login(alice)
 
     response = client.post(
@@ -102,7 +104,7 @@ def test_the_form_answers_a_deeply_nested_params_field_with_an_error(
         {
             "name": "deep",
             "template": "mlp_numpy",
-            "params": "[" * 5000 + "]" * 5000,
+            "param-mlp_numpy-seed": "[" * 5000 + "]" * 5000,
             "accelerator": "T4",
             "total_steps": "100",
             "tolerance": "balanced",
@@ -110,3 +112,4 @@ def test_the_form_answers_a_deeply_nested_params_field_with_an_error(
     )
 
     assert response.status_code == 200 and not Job.objects.exists()
+    assert "seed must be a number" in response.content.decode()

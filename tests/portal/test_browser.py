@@ -71,10 +71,12 @@ def test_the_form_shows_a_field_error_in_the_browser(stack: Any, page: Any) -> N
 
     log_in(page, stack.base)
     page.goto(stack.base + "/jobs/new/")
-    page.fill("input[name=params]", '{"colour": "blue"}')
-    page.click("button:has-text('Submit job')")
+    page.fill("input[name=param-mlp_numpy-seed]", "-1")
 
-    expect(page.locator("p.error")).to_contain_text("unknown parameter(s) colour")
+    # Live, next to the field, before any button is pressed.
+    expect(page.locator("#error-param-mlp_numpy-seed")).to_have_text("seed must be at least 0")
+    page.fill("input[name=param-mlp_numpy-seed]", "2")
+    expect(page.locator("#error-param-mlp_numpy-seed")).to_be_hidden()
 
 
 def test_a_user_sees_the_estimate_before_launching_and_the_cost_charts(
@@ -86,10 +88,9 @@ def test_a_user_sees_the_estimate_before_launching_and_the_cost_charts(
     page.goto(stack.base + "/jobs/new/")
     page.select_option("select[name=accelerator]", "V100-16GB")
     page.fill("input[name=total_steps]", "500000")
-    page.click("button:has-text('Estimate spot against on-demand')")
 
     expect(page.locator("#estimate")).to_be_visible()
-    expect(page.locator("text=Recommendation")).to_be_visible()
+    expect(page.locator("#recommendation")).to_contain_text("Checkpoint every")
 
     page.click("nav >> text=Costs")
     expect(page.locator("#chart-completion .main-svg").first).to_be_visible()

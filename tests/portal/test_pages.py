@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -55,8 +56,11 @@ def test_the_form_submits_a_job_and_shows_its_page(client: Any, catalogue: Any, 
     client.force_login(alice)
     form = {
         "name": "from-form",
+        "workload_kind": "template",
         "template": "mlp_numpy",
-        "params": '{"seed": 3}',
+        "param-mlp_numpy-seed": "3",
+        "param-mlp_numpy-lr": "0.1",
+        "param-lora_sim-base_mb": "12",
         "accelerator": "T4",
         "gpus_per_node": "1",
         "nodes": "1",
@@ -69,7 +73,8 @@ def test_the_form_submits_a_job_and_shows_its_page(client: Any, catalogue: Any, 
 
     job = Job.objects.get(name="from-form")
     assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
-    assert job.workload == {"template": "mlp_numpy", "params": {"seed": 3}}
+    # Only the chosen template's parameters, as numbers.
+    assert job.workload == {"template": "mlp_numpy", "params": {"seed": 3, "lr": 0.1}}
     assert job.tolerance == "aggressive" and job.allow_on_demand_fallback
     assert f'data-job="{job.pk}"' in client.get(response["Location"]).content.decode()
 
@@ -80,7 +85,7 @@ def test_the_form_shows_field_errors_and_creates_nothing(
     client.force_login(alice)
     form = {
         "template": "mlp_numpy",
-        "params": '{"colour": 1}',
+        "param-mlp_numpy-seed": "-1",
         "accelerator": "T4",
         "gpus_per_node": "0",
         "nodes": "1",
@@ -90,5 +95,64 @@ def test_the_form_shows_field_errors_and_creates_nothing(
 
     page = client.post("/jobs/new/", form).content.decode()
 
-    assert "colour" in page and "greater than or equal to 1" in page
+    # Each error next to its own field, a template parameter's too.
+    assert re.search(r'id="error-param-mlp_numpy-seed">seed must be at least 0<', page)
+    assert re.search(r'id="error-gpus_per_node">[^<]*greater than or equal to 1', page)
+    assert not Job.objects.exists()
+
+
+def test_the_form_offers_a_command_only_to_users_allowed_to_run_one(
+    client: Any, catalogue: Any, alice: Any, make_user: Any
+) -> None:
+    runner = make_user("runner", perms=("jobs.run_command",))
+    client.force_login(alice)
+    assert 'name="command"' not in client.get("/jobs/new/").content.decode()
+    client.force_login(runner)
+    form = {
+        "workload_kind": "command",
+        "command": "python\ntrain.py\n",
+        "resume_args": "--resume-from-checkpoint\n{checkpoint_dir}",
+        "progress_pattern": r"step (\d+)",
+        "accelerator": "T4",
+        "total_steps": "10",
+        "tolerance": "balanced",
+        "deadline": "2099-01-02T03:04",
+    }
+
+    assert 'name="command"' in client.get("/jobs/new/").content.decode()
+    assert client.post("/jobs/new/", form).status_code == 302
+    job = Job.objects.get(project__members=runner)
+    assert job.workload == {
+        "command": ["python", "train.py"],
+        "mode": "directory",
+        "resume_args": ["--resume-from-checkpoint", "{checkpoint_dir}"],
+        "progress_pattern": r"step (\d+)",
+    }
+    assert job.deadline is not None
+    assert job.deadline.isoformat() == "2099-01-02T03:04:00+00:00"  # read in UTC, as labelled
+
+
+def test_the_form_explains_each_tolerance_and_labels_every_input(
+    client: Any, catalogue: Any, alice: Any
+) -> None:
+    client.force_login(alice)
+
+    page = client.get("/jobs/new/").content.decode()
+
+    assert "cheapest spot" in page and "0.5 times an hour" in page
+    ids = set(re.findall(r'<input id="([^"]+)"', page)) | set(
+        re.findall(r'<select id="([^"]+)"', page)
+    )
+    labelled = set(re.findall(r'<label for="([^"]+)"', page))
+    assert ids and ids <= labelled
+    assert "Checkpoint gb" not in page
+
+
+def test_the_estimate_button_works_without_scripts(client: Any, catalogue: Any, alice: Any) -> None:
+    client.force_login(alice)
+    form = {"template": "mlp_numpy", "accelerator": "T4", "total_steps": "5000"}
+
+    page = client.post("/jobs/new/", {**form, "action": "estimate"}).content.decode()
+
+    assert 'id="estimate"' in page and "Recommendation" in page
     assert not Job.objects.exists()
