@@ -8,6 +8,7 @@ from django.urls import include, path
 
 from costs.views import costs_page
 from portal import views
+from portal.login import throttled_login
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -18,6 +19,8 @@ urlpatterns = [
     path("tokens/", views.api_tokens, name="api-tokens"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # The admin's login counts wrong passwords with the same limits as /login/.
+    path("admin/login/", throttled_login(admin.site.login), name="admin-login"),
     path("admin/", admin.site.urls),
     # Namespaced: the router's names (`job-detail`, ...) would otherwise shadow the pages'.
     path("api/", include(("portal.api_urls", "api"))),

@@ -75,3 +75,26 @@ def test_the_token_endpoint_limits_requests_per_address(alice: Any) -> None:
     ]
 
     assert statuses[:30] == [200] * 30 and statuses[30] == 429
+
+
+def test_the_admin_login_counts_wrong_passwords_too(make_user: Any) -> None:
+    make_user("root", staff=True)
+    client = Client()
+
+    statuses = [
+        client.post("/admin/login/", {"username": "root", "password": f"guess-{i}"}).status_code
+        for i in range(12)
+    ]
+    blocked = client.post("/admin/login/", {"username": "root", "password": "pw"})
+
+    assert statuses[:10] == [200] * 10 and set(statuses[10:]) == {429}
+    assert blocked.status_code == 429 and "Retry-After" in blocked
+
+
+def test_the_admin_login_still_logs_staff_in(make_user: Any) -> None:
+    make_user("root", staff=True)
+    client = Client()
+
+    response = client.post("/admin/login/?next=/admin/", {"username": "root", "password": "pw"})
+
+    assert response.status_code == 302 and client.get("/admin/").status_code == 200
