@@ -24,10 +24,16 @@ Signals (installed when the Checkpointer is created on the main thread):
   `should_stop`.
 The handlers only set flags; everything else happens on the training thread at a step
 boundary, where the state is consistent. Notice callbacks run there too.
+
+Two tiers (`local_store`, from BATON_LOCAL_STORE_URL): a periodic save commits to the
+instance's fast local disk and an uploader thread copies it to the region's store (`store`)
+and then reports it (`tiers.Uploader`); emergency and synchronous saves go straight to the
+region's store after stopping the upload in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -48,7 +54,8 @@ from .local import LocalStore
 from .manifest import EMERGENCY, FINAL, PERIODIC, ManifestRef, check_job
 from .report import AgentReporter
 from .snapshot import BufferPool, FrozenCache, Snapshot
-from .store import SaveResult, Store, lower_thread_priority
+from .store import Checkpoint, SaveResult, Store, lower_thread_priority
+from .tiers import LOCAL_STORE_ENV, Uploader, checkpoint_event, open_local_tier
 from .urls import open_store
 
 logger = logging.getLogger(__name__)
@@ -71,6 +78,8 @@ class Restored:
     validation_reference: float | None
     world_size: int
     rank: int
+    #: Read from the local tier (the same manifest as the region's, on this machine's disk).
+    from_local_tier: bool = False
 
     @property
     def loader_offset(self) -> int | None:
@@ -156,8 +165,10 @@ class Checkpointer:
         verify: bool | None = None,
         install_signal_handlers: bool = True,
         owns_store: bool = False,
+        local_store: Store | None = None,
     ) -> None:
         self.store = store
+        self.local_store = local_store
         self.job = check_job(job)
         self.rank = rank
         self.world_size = world_size
@@ -168,8 +179,21 @@ class Checkpointer:
         # The read-back of a periodic save catches corruption on the way to a remote store; on
         # a local disk it would read the page cache it just wrote, so it is skipped there.
         self.verify = store.verify_after_write if verify is None else verify
+        # Where periodic saves commit: the local tier when there is one.
+        self._persist_store = local_store or store
+        self._persist_verify = self._persist_store.verify_after_write if verify is None else verify
         self._owns_store = owns_store
         self.reporter = AgentReporter(agent_url)
+        self.uploader: Uploader | None = None
+        if local_store is not None:
+            self.uploader = Uploader(
+                local_store,
+                store,
+                self.job,
+                lambda body: self.reporter.post("checkpoint", body),
+                # After a final notice the emergency save supersedes every local commit.
+                stop_requested=lambda: self._final_pending or self._final_seen,
+            )
         self.last_committed: SaveResult | None = None
         self.restored: Restored | None = None
         self.last_error: BaseException | None = None
@@ -202,6 +226,11 @@ class Checkpointer:
         """A Checkpointer configured from the BATON_* environment (standalone defaults)."""
         env = os.environ if environ is None else environ
         url = env.get("BATON_STORE_URL", "").strip()
+        if env.get(LOCAL_STORE_ENV, "").strip() and not url:
+            raise StoreConfigError(
+                f"{LOCAL_STORE_ENV} is set but BATON_STORE_URL is not: the local tier needs "
+                "the region's store to upload to"
+            )
         if url:
             store = open_store(url, endpoint=env.get("BATON_S3_ENDPOINT") or None)
         else:
@@ -217,6 +246,7 @@ class Checkpointer:
             "resume": env.get("BATON_RESUME", "").strip() or None,
             "agent_url": env.get("BATON_AGENT_URL", "").strip() or None,
             "owns_store": True,
+            "local_store": open_local_tier(env, store),
         }
         options.update(overrides)
         return cls(store, **options)
@@ -300,7 +330,7 @@ class Checkpointer:
         """
         for ref in self._candidates():
             try:
-                checkpoint = self.store.load(ref)
+                checkpoint, from_local = self._load(ref)
             except (CorruptChunk, CorruptManifest) as exc:
                 if self.resume:
                     raise
@@ -317,13 +347,30 @@ class Checkpointer:
                 validation_reference=manifest.validation_reference,
                 world_size=manifest.world_size,
                 rank=manifest.rank,
+                from_local_tier=from_local,
             )
             self._parent = ref
             self._last_saved_step = manifest.step
             self._last_save_time = time.monotonic()
-            logger.info("restored step=%d from %s", manifest.step, ref)
+            where = "the local tier" if from_local else self.store.url
+            logger.info("restored step=%d from %s in %s", manifest.step, ref, where)
             return self.restored
         return None
+
+    def _load(self, ref: ManifestRef) -> tuple[Checkpoint, bool]:
+        """Load `ref` from the local tier when it holds the very manifest the region's store
+        has (a faster restore on the same machine), else from the region's store; and whether
+        it came from the local tier."""
+        local = self.local_store
+        if local is not None and ref in local.list(self.job, ref.rank):
+            region_manifest = self.store.load_manifest(ref)
+            try:
+                if local.load_manifest(ref) == region_manifest:
+                    return local.load(ref), True
+                logger.info("the local tier's %s differs from the region's; not used", ref)
+            except StoreError as exc:
+                logger.warning("restore of %s from the local tier failed (%s)", ref, exc)
+        return self.store.load(ref), False
 
     def report_restore(self, val_loss: float, *, rel_tol: float = 1e-4) -> bool:
         """Report the validation loss measured right after `restore`; True if it matches the
@@ -421,6 +468,8 @@ class Checkpointer:
         self._cancel_persist = True
         self._wait_idle()
         self._cancel_persist = False
+        if self.uploader is not None:
+            self.uploader.supersede()
         snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
         result = self._commit(
             _PersistJob(step, EMERGENCY, snapshot, self._evaluate(val_loss), self._parent),
@@ -443,8 +492,11 @@ class Checkpointer:
         kind: str = PERIODIC,
         val_loss: ValLoss = None,
     ) -> SaveResult:
-        """Save synchronously now (after any persist in flight) and return the commit."""
+        """Save synchronously now (after any persist in flight) and return the commit; with two
+        tiers it goes straight to the region's store (the upload in flight is stopped)."""
         self._wait_idle()
+        if self.uploader is not None:
+            self.uploader.supersede()
         snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
         return self._commit(
             _PersistJob(step, kind, snapshot, self._evaluate(val_loss), self._parent),
@@ -475,7 +527,7 @@ class Checkpointer:
             snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
             try:
                 job = _PersistJob(step, kind, snapshot, reference, self._parent)
-                self._commit(job, self.verify)
+                self._commit(job, self._persist_verify, store=self._persist_store)
             except StoreError as exc:
                 self.last_error = exc
                 logger.error("save of step=%d failed: %s", step, exc)
@@ -509,8 +561,13 @@ class Checkpointer:
                     return
                 job = self._job
             try:
-                with self.store.background():
-                    self._commit(job, verify=self.verify, cancellable=True)
+                with self._persist_store.background():
+                    self._commit(
+                        job,
+                        verify=self._persist_verify,
+                        cancellable=True,
+                        store=self._persist_store,
+                    )
             except SaveCancelled:
                 logger.info("persist of step=%d cancelled by the final notice", job.step)
             except StoreError as exc:
@@ -535,45 +592,54 @@ class Checkpointer:
         if waited > 0.01:
             logger.debug("waited %.3fs for the previous persist", waited)
 
-    def _commit(self, job: _PersistJob, verify: bool, cancellable: bool = False) -> SaveResult:
-        result = self.store.commit(
-            self.job,
-            job.step,
-            job.snapshot,
-            kind=job.kind,
-            rank=self.rank,
-            world_size=self.world_size,
-            parent=job.parent,
-            validation_reference=job.validation_reference,
-            verify=verify,
-            cancel=(lambda: self._cancel_persist) if cancellable else None,
+    def _commit(
+        self,
+        job: _PersistJob,
+        verify: bool,
+        cancellable: bool = False,
+        *,
+        store: Store | None = None,
+    ) -> SaveResult:
+        """Commit a snapshot to `store` (default: the region's) and report it; a commit to the
+        local tier is reported by the uploader once it is in the region's store."""
+        store = store or self.store
+        uploader = self.uploader if store is self.local_store else None
+        # Every write to the local tier holds the uploader's lock, so the tier's retention
+        # never sweeps chunks a commit is about to name.
+        lock: contextlib.AbstractContextManager[Any] = (
+            uploader.lock if uploader is not None else contextlib.nullcontext()
         )
+        with lock:
+            result = store.commit(
+                self.job,
+                job.step,
+                job.snapshot,
+                kind=job.kind,
+                rank=self.rank,
+                world_size=self.world_size,
+                parent=job.parent,
+                validation_reference=job.validation_reference,
+                verify=verify,
+                cancel=(lambda: self._cancel_persist) if cancellable else None,
+            )
+            if uploader is not None:
+                uploader.submit(result)
         for source in job.snapshot.tensors:
             if source.frozen is not None:
                 self._frozen.remember(source.frozen, result.manifest.tensors[source.name]["chunks"])
         self.last_committed = result
         self._parent = result.ref
         logger.info(
-            "committed %s step=%d kind=%s bytes_new=%d bytes_total=%d",
+            "committed %s step=%d kind=%s bytes_new=%d bytes_total=%d%s",
             result.ref.key,
             job.step,
             job.kind,
             result.bytes_new,
             result.bytes_total,
+            " in the local tier" if uploader is not None else "",
         )
-        self.reporter.post(
-            "checkpoint",
-            {
-                "manifest": result.ref.key,
-                "step": job.step,
-                "kind": job.kind,
-                "bytes_new": result.bytes_new,
-                "bytes_total": result.bytes_total,
-                "validation_reference": job.validation_reference,
-                "rank": self.rank,
-                "world_size": self.world_size,
-            },
-        )
+        if uploader is None:
+            self.reporter.post("checkpoint", checkpoint_event(result.manifest))
         return result
 
     def wait(self) -> None:
@@ -605,13 +671,17 @@ class Checkpointer:
     # ---- shutdown ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish the persist in flight, flush reports, restore signal handlers."""
+        """Finish the persist in flight and the upload of the last local commit, flush
+        reports, restore signal handlers."""
         if self._closed:
             return
         self._wait_idle()
         with self._idle:
             self._closed = True
             self._idle.notify_all()
+        if self.uploader is not None:
+            self.uploader.drain()
+            self.uploader.close()
         self.reporter.close()
         for signum, handler in self._previous_handlers.items():
             if threading.current_thread() is threading.main_thread():
@@ -619,6 +689,8 @@ class Checkpointer:
         self._previous_handlers.clear()
         if self._owns_store:
             self.store.close()
+            if self.local_store is not None:
+                self.local_store.close()
 
     def __enter__(self) -> Checkpointer:
         return self
