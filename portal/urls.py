@@ -16,8 +16,10 @@ urlpatterns = [
     path("costs/", costs_page, name="costs"),
     path("costs/", include("costs.urls")),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/parts/", views.job_parts, name="job-parts"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("tokens/", views.api_tokens, name="api-tokens"),
-    path("login/", views.LoginView.as_view(), name="login"),
+    path("login/", throttled_login(auth_views.LoginView.as_view()), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # The admin's login counts wrong passwords with the same limits as /login/.
     path("admin/login/", throttled_login(admin.site.login), name="admin-login"),

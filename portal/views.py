@@ -9,12 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.forms import AuthenticationForm
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 from costs.services import estimate_job
 from jobs import services
@@ -22,31 +20,12 @@ from jobs.api.serializers import JobSerializer
 from jobs.choices import Tolerance
 from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
+from migration import pages
 from migration.models import Accelerator, CapacityPool
 from portal import job_form, tokens
 from portal.forms import TokenForm
 from portal.http import AuthenticatedHttpRequest
 from portal.models import ApiToken
-from portal.throttling import login_blocked_for, record_login_failure
-
-
-class LoginView(auth_views.LoginView):
-    """Django's login page, refusing with 429 and Retry-After after too many wrong passwords
-    (the same counters as POST /api/auth/token/)."""
-
-    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        wait = login_blocked_for(request, request.POST.get("username", ""))
-        if wait:
-            # An unbound form: a bound one would check the password when rendered.
-            context = self.get_context_data(form=AuthenticationForm(request), retry_after=wait)
-            response = self.render_to_response(context, status=429)
-            response["Retry-After"] = str(wait)
-            return response
-        return super().post(request, *args, **kwargs)
-
-    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
-        record_login_failure(self.request, self.request.POST.get("username", ""))
-        return super().form_invalid(form)
 
 
 @login_required
@@ -60,13 +39,46 @@ def dashboard(request: AuthenticatedHttpRequest) -> HttpResponse:
     return render(request, "portal/dashboard.html", {"pools": pools, "jobs": jobs})
 
 
-@login_required
-def job_detail(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
-    job = get_object_or_404(
-        Job.objects.visible_to(request.user).select_related("accelerator", "project", "pool"),
+def _visible_job(request: AuthenticatedHttpRequest, job_id: int) -> Job:
+    """The job if the user may see it (a project member or staff), else 404."""
+    return get_object_or_404(
+        Job.objects.visible_to(request.user).select_related("accelerator", "project"),
         pk=job_id,
     )
-    return render(request, "portal/job_detail.html", {"job": job})
+
+
+@login_required
+def job_detail(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
+    """A job's page: its live parts (re-rendered by job_parts as events arrive), its live
+    timeline over /ws/jobs/<id>/ and its log (static/js/job_page.js)."""
+    job = _visible_job(request, job_id)
+    context = {
+        "job": job,
+        "workload": pages.describe_workload(job.workload),
+        "log_since": pages.log_tail_start(job),
+        **pages.job_parts(job),
+    }
+    return render(request, "portal/job_detail.html", context)
+
+
+@login_required
+def job_parts(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
+    """The parts of a job's page that change as it runs, as HTML for the page to swap in."""
+    job = _visible_job(request, job_id)
+    return render(request, "portal/job_parts.html", {"job": job, **pages.job_parts(job)})
+
+
+@login_required
+@require_POST
+def job_cancel(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
+    job = _visible_job(request, job_id)
+    try:
+        services.cancel_job(job.pk, request.user)
+    except services.JobAlreadyFinished as exc:
+        messages.warning(request, str(exc))
+    else:
+        messages.success(request, "Cancelling: the job's instances are being released.")
+    return redirect("job-detail", job_id=job.pk)
 
 
 @login_required
