@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q, Sum
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -17,7 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from costs.services import estimate_job
 from jobs import services
 from jobs.api.serializers import JobSerializer
-from jobs.choices import Tolerance
+from jobs.choices import FINISHED_JOB_STATES, JobState, Tolerance
 from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
 from migration import pages
@@ -27,16 +28,45 @@ from portal.forms import TokenForm
 from portal.http import AuthenticatedHttpRequest
 from portal.models import ApiToken
 
+DASHBOARD_JOBS = 50
+
 
 @login_required
 def dashboard(request: AuthenticatedHttpRequest) -> HttpResponse:
-    pools = (
-        CapacityPool.objects.with_free()
-        .filter(enabled=True)
-        .select_related("region", "accelerator")
+    """The user's jobs, newest first, filtered by state and name; totals above them."""
+    jobs = Job.objects.visible_to(request.user)
+    totals = jobs.aggregate(
+        count=Count("pk"),
+        active=Count("pk", filter=~Q(state__in=FINISHED_JOB_STATES)),
+        cost=Sum("cost_so_far"),
+        on_demand=Sum("on_demand_cost_so_far"),
     )
-    jobs = Job.objects.visible_to(request.user).select_related("accelerator", "project")[:50]
-    return render(request, "portal/dashboard.html", {"pools": pools, "jobs": jobs})
+    totals["saved"] = (totals["on_demand"] or 0) - (totals["cost"] or 0)
+    state = request.GET.get("state", "")
+    query = request.GET.get("q", "").strip()
+    if state == "active":
+        jobs = jobs.exclude(state__in=FINISHED_JOB_STATES)
+    elif state in JobState.values:
+        jobs = jobs.filter(state=state)
+    if query:
+        jobs = jobs.filter(name__icontains=query)
+    shown = list(
+        jobs.select_related("accelerator", "project", "pool__region").order_by("-id")[
+            :DASHBOARD_JOBS
+        ]
+    )
+    return render(
+        request,
+        "portal/dashboard.html",
+        {
+            "jobs": shown,
+            "totals": totals,
+            "state": state,
+            "query": query,
+            "states": [("active", "Not finished"), *JobState.choices],
+            "limit": DASHBOARD_JOBS,
+        },
+    )
 
 
 def _visible_job(request: AuthenticatedHttpRequest, job_id: int) -> Job:

@@ -46,7 +46,7 @@ def log_in(page: Any, base: str) -> None:
     page.fill("input[name=username]", "demo")
     page.fill("input[name=password]", DEMO_PASSWORD)
     page.click("button[type=submit]")
-    page.wait_for_selector("#pools")
+    page.wait_for_selector("form.filters")
 
 
 def test_a_user_submits_a_job_and_watches_its_placement_live(stack: Any, page: Any) -> None:
