@@ -16,6 +16,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,10 +25,10 @@ from typing import cast
 import numpy as np
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError
-from .hashing import digest, new_hasher
+from .hashing import new_hasher
 from .manifest import EMERGENCY
 from .snapshot import aligned_empty
-from .store import DEFAULT_CHUNK_SIZE, Store
+from .store import DEFAULT_CHUNK_SIZE, Store, _start_all_threads
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ _STREAM_PIECE = 1024 * 1024
 # What a load reads a chunk in, one part per worker (measured on 64 and 256 MiB: bare reads in
 # 2-8 MiB parts were 10-25 % faster than whole 16 MiB chunks; whole loads 3-15 %).
 _READ_PART = 4 * 1024 * 1024
+# Writes of one streamed chunk kept in flight on the I/O threads while its next pieces are
+# copied and hashed, and the I/O threads of a store (they wait on the disk, not the CPU).
+_STREAM_DEPTH = 2
+_IO_THREADS = 8
 _bounce = threading.local()
 
 
@@ -75,6 +80,55 @@ def _clear_direct(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
 
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _stream_ring() -> list[np.ndarray]:
+    """The calling thread's aligned buffers that unaligned pieces of a streamed chunk are
+    copied into: one per write a stream keeps in flight, and one being filled."""
+    ring = getattr(_bounce, "ring", None)
+    if ring is None:
+        ring = [aligned_empty(_STREAM_PIECE) for _ in range(_STREAM_DEPTH + 1)]
+        _bounce.ring = ring
+    return cast(list[np.ndarray], ring)
+
+
+class _PieceWrites:
+    """The writes of one streamed chunk in flight on the store's I/O threads, at most
+    `_STREAM_DEPTH` at a time."""
+
+    def __init__(self, pool: ThreadPoolExecutor, fd: int) -> None:
+        self.pool = pool
+        self.fd = fd
+        self.in_flight: deque[Future[None]] = deque()
+
+    def make_room(self) -> None:
+        """Wait until fewer than `_STREAM_DEPTH` writes are in flight."""
+        while len(self.in_flight) >= _STREAM_DEPTH:
+            self.in_flight.popleft().result()
+
+    def submit(self, piece: memoryview, offset: int) -> None:
+        """Write `piece` at `offset` of the file (the piece must stay valid until then)."""
+        self.in_flight.append(self.pool.submit(_pwrite_all, self.fd, piece, offset))
+
+    def drain(self, *, quiet: bool = False) -> None:
+        """Wait for every write in flight; raise the first failure unless `quiet` (the file is
+        being given up: only the writes must be over before its descriptor is closed)."""
+        first: BaseException | None = None
+        while self.in_flight:
+            try:
+                self.in_flight.popleft().result()
+            except BaseException as exc:  # every write must be waited for, whatever failed
+                first = first or exc
+        if first is not None and not quiet:
+            raise first
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a folder so the renames inside it survive a crash."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -104,6 +158,97 @@ def atomic_write(path: Path, data: memoryview | bytes, *, fsync: bool = True) ->
         fsync_dir(path.parent)
 
 
+# File systems measured in this process: device -> whether O_DIRECT writes are kept.
+_DIRECT_CHOICE: dict[int, bool] = {}
+_DIRECT_CHOICE_LOCK = threading.Lock()
+_PROBE_BYTES = 8 * 1024 * 1024
+# Buffered writes are chosen only when every buffered probe beats the best O_DIRECT one by
+# this factor: O_DIRECT costs a fifth of the CPU (decision 005), which a persist beside a
+# training loop needs more than a small gain in speed; small probes on a busy machine spread
+# by up to 3x, and large writes favour O_DIRECT more than 8 MiB ones (decision 055).
+_BUFFERED_MARGIN = 2.0
+
+
+def _timed_probe_write(folder: Path, data: np.ndarray, direct: bool) -> float:
+    """Seconds to write `data` as a new file in `folder` and fsync it (the file is removed)."""
+    tmp = folder / f".probe{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
+    started = time.perf_counter()
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        _write_all(fd, data.data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(tmp)
+    return time.perf_counter() - started
+
+
+def direct_writes_pay(folder: Path) -> bool:
+    """Whether chunk I/O in `folder` should use O_DIRECT: measured once per file system and
+    process by writing 8 MiB each way, twice, alternating. False when the file system refuses
+    O_DIRECT or when buffered writes are clearly faster there (some network and copy-on-write
+    file systems emulate O_DIRECT through a bounce of their own)."""
+    device = os.stat(folder).st_dev
+    with _DIRECT_CHOICE_LOCK:
+        if device in _DIRECT_CHOICE:
+            return _DIRECT_CHOICE[device]
+        data = aligned_empty(_PROBE_BYTES)
+        data[:] = np.frombuffer(secrets.token_bytes(4096), np.uint8).repeat(_PROBE_BYTES // 4096)
+        direct: list[float] = []
+        buffered: list[float] = []
+        try:
+            for _ in range(2):
+                direct.append(_timed_probe_write(folder, data, True))
+                buffered.append(_timed_probe_write(folder, data, False))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            direct = []  # this file system refuses O_DIRECT
+        choice = bool(direct) and max(buffered) * _BUFFERED_MARGIN >= min(direct)
+        logger.debug("%s: chunk I/O %s", folder, "O_DIRECT" if choice else "buffered")
+        _DIRECT_CHOICE[device] = choice
+        return choice
+
+
+class _HashInOrder:
+    """The hash check of a chunk read in parts that land in any order: whichever thread's part
+    lets the hash go on feeds it every part landed in order so far (one thread at a time), and
+    the one that feeds the last part compares the digest with the chunk's name."""
+
+    def __init__(self, chunk: str, out: memoryview, part: int, where: str) -> None:
+        self.chunk = chunk
+        self.out = out
+        self.part = part
+        self.where = where
+        self.hasher = new_hasher()
+        self.landed_parts = [False] * -(-len(out) // part)
+        self.hashed = 0
+        self.busy = False
+        self.lock = threading.Lock()
+
+    def landed(self, index: int) -> None:
+        """Part `index` is in `out`; raise CorruptChunk if it completes a chunk that does not
+        match its hash."""
+        with self.lock:
+            self.landed_parts[index] = True
+            if self.busy:
+                return  # the thread feeding the hash picks this part up when it gets to it
+            self.busy = True
+        while True:
+            with self.lock:
+                start = stop = self.hashed
+                while stop < len(self.landed_parts) and self.landed_parts[stop]:
+                    stop += 1
+                self.hashed = stop
+                if start == stop:
+                    self.busy = False
+                    return
+            self.hasher.update(self.out[start * self.part : stop * self.part])
+            if stop == len(self.landed_parts) and self.hasher.hexdigest() != self.chunk:
+                raise CorruptChunk(self.chunk, "content does not match its hash", self.where)
+
+
 class LocalStore(Store):
     """A store rooted at a folder: `file:///path`."""
 
@@ -125,9 +270,35 @@ class LocalStore(Store):
             (self.root / "jobs").mkdir(exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create a store at {self.root}: {exc}") from exc
+        if self.direct:
+            self.direct = direct_writes_pay(self.root / "chunks")
         self._dirs_made: set[str] = set()
         self._dirs_lock = threading.Lock()
         self._new_dirs = False
+        self._io_pool: ThreadPoolExecutor | None = None
+
+    def _io_executor(self) -> ThreadPoolExecutor:
+        """Threads that only wait on the disk (the writes of streamed chunks): apart from the
+        workers, so a worker waiting for its writes never waits behind its own queue."""
+        with self._pool_lock:
+            if self._io_pool is None:
+                self._io_pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="baton-io")
+                _start_all_threads(self._io_pool, _IO_THREADS)
+            return self._io_pool
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # The I/O threads start with the workers, not inside the first save that needs them.
+        pool = super()._executor()
+        self._io_executor()
+        return pool
+
+    def close(self) -> None:
+        """Release the worker and I/O threads (recreated if the store is used again)."""
+        super().close()
+        with self._pool_lock:
+            pool, self._io_pool = self._io_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     @property
     def url(self) -> str:
@@ -205,9 +376,11 @@ class LocalStore(Store):
             return None
 
     def _write_streaming(self, data: memoryview) -> tuple[str, object] | None:
-        """Copy, hash and write a chunk a piece at a time: each piece is hashed while it is in
-        the CPU cache and goes to the disk with O_DIRECT while the next is prepared, so the
-        hash costs no extra pass over memory and no wait before the first byte is written."""
+        """Copy, hash and write a chunk a piece at a time. Each piece is hashed while it is in
+        the CPU cache, then its write goes to the store's I/O threads (O_DIRECT, at its offset)
+        while this thread copies and hashes the next pieces: hashing and writing overlap, so
+        the slower of the two sets the pace, and the disk sees several writes at once even
+        when a save has only a few chunks."""
         if not self.direct or len(data) < _DIRECT_MIN:
             return None
         tmp = self.root / "chunks" / f".stream{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
@@ -218,23 +391,29 @@ class LocalStore(Store):
         source = np.frombuffer(data, dtype=np.uint8)
         aligned = source.ctypes.data % _ALIGN == 0
         body = len(data) - len(data) % _ALIGN
+        writes = _PieceWrites(self._io_executor(), fd)
         try:
             try:
-                for start in range(0, body, _STREAM_PIECE):
+                for index, start in enumerate(range(0, body, _STREAM_PIECE)):
                     end = min(start + _STREAM_PIECE, body)
                     if aligned:
                         piece = data[start:end]
                     else:
-                        staged = _bounce_buffer(_STREAM_PIECE)[: end - start]
+                        # The ring buffer this piece takes was last written from by a piece
+                        # whose write was seen finished before the previous piece went out.
+                        staged = _stream_ring()[index % len(_stream_ring())][: end - start]
                         staged[:] = source[start:end]
                         piece = staged.data
                     hasher.update(piece)
-                    _write_all(fd, piece)
+                    writes.make_room()
+                    writes.submit(piece, start)
+                writes.drain()
                 if body < len(data):
                     _clear_direct(fd)
                     hasher.update(data[body:])
-                    _write_all(fd, data[body:])
+                    _pwrite_all(fd, data[body:], body)
             finally:
+                writes.drain(quiet=True)
                 os.close(fd)
             chunk = hasher.hexdigest()
             return chunk, (tmp, self._chunk_folder(chunk) / chunk)
@@ -361,20 +540,17 @@ class LocalStore(Store):
         self, pool: ThreadPoolExecutor, chunk: str, out: memoryview, where: str, check: bool
     ) -> list[Future[None]]:
         # A chunk is read in parts on several workers: the disk sees more requests at once (a
-        # 64 MiB restore is otherwise four reads deep). The part that lands last checks the hash.
+        # 64 MiB restore is otherwise four reads deep). The hash follows the parts as they land,
+        # in order, so the check of a chunk overlaps the reads of its last parts.
         starts = range(0, len(out), _READ_PART)
         if not self.direct or len(starts) < 2:
             return super()._submit_read(pool, chunk, out, where, check)
-        left = [len(starts)]
-        lock = threading.Lock()
+        hashing = _HashInOrder(chunk, out, _READ_PART, where) if check else None
 
         def read(start: int) -> None:
             self._read_chunk_into(chunk, out[start : start + _READ_PART], start, len(out))
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last and check and digest(out) != chunk:
-                raise CorruptChunk(chunk, "content does not match its hash", where)
+            if hashing is not None:
+                hashing.landed(start // _READ_PART)
 
         return [pool.submit(read, start) for start in starts]
 

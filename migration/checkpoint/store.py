@@ -240,16 +240,18 @@ class Store(ABC):
         """The worker pool for the calling thread's work (low priority inside `background()`)."""
         background = bool(getattr(self._local, "background", False))
         with self._pool_lock:
-            pool = self._pools.get(background)
-            if pool is None:
-                pool = ThreadPoolExecutor(
-                    self.workers,
-                    thread_name_prefix="baton-store-bg" if background else "baton-store",
-                    initializer=lower_thread_priority if background else None,
-                )
-                _start_all_threads(pool, self.workers)
-                self._pools[background] = pool
-            return pool
+            # Both pools start together: an emergency save (normal priority) that follows
+            # periodic ones (low priority) then finds its threads running.
+            for kind in (background, not background):
+                if kind not in self._pools:
+                    pool = ThreadPoolExecutor(
+                        self.workers,
+                        thread_name_prefix="baton-store-bg" if kind else "baton-store",
+                        initializer=lower_thread_priority if kind else None,
+                    )
+                    _start_all_threads(pool, self.workers)
+                    self._pools[kind] = pool
+            return self._pools[background]
 
     @contextlib.contextmanager
     def background(self) -> Iterator[None]:

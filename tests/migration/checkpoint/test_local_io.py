@@ -1,0 +1,182 @@
+"""The local store's I/O paths: streamed writes handed to I/O threads, and the hash check of a
+chunk read in parts that land in any order."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from migration.checkpoint import CorruptChunk, LocalStore
+from migration.checkpoint import local as local_module
+from migration.checkpoint.hashing import digest
+
+from .test_store_contract import assert_same_state
+
+PART = 4096
+
+
+def chunk_of(nbytes: int, seed: int = 0) -> memoryview:
+    return memoryview(np.random.default_rng(seed).bytes(nbytes))
+
+
+def feed(hashing: local_module._HashInOrder, order: list[int], threads: int) -> list[CorruptChunk]:
+    """Report the parts landed in `order`, spread over `threads` threads; what they raised."""
+    raised: list[CorruptChunk] = []
+    lock = threading.Lock()
+    queue = iter(order)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(queue, None)
+            if index is None:
+                return
+            try:
+                hashing.landed(index)
+            except CorruptChunk as exc:
+                with lock:
+                    raised.append(exc)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return raised
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_chunk_whose_parts_land_in_any_order_is_hashed_whole_and_in_order(threads: int) -> None:
+    data = chunk_of(5 * PART + 123)  # the last part is short
+    parts = 6
+    rng = random.Random(threads)
+    orders = [list(p) for p in itertools.permutations(range(parts))]
+    for order in rng.sample(orders, 40):
+        hashing = local_module._HashInOrder(digest(data), data, PART, "tensor w")
+        assert feed(hashing, order, threads) == []
+        assert hashing.hashed == parts
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_chunk_read_in_parts_that_does_not_match_its_name_fails_once(threads: int) -> None:
+    data = chunk_of(8 * PART)
+    damaged = bytearray(data)
+    damaged[3 * PART + 9] ^= 0xFF
+    for seed in range(20):
+        order = random.Random(seed).sample(range(8), 8)
+        hashing = local_module._HashInOrder(digest(data), memoryview(damaged), PART, "tensor w")
+        raised = feed(hashing, order, threads)
+        assert len(raised) == 1
+        assert raised[0].chunk == digest(data)
+        assert raised[0].where == "tensor w"
+
+
+def unaligned_state(mib: int) -> dict[str, np.ndarray]:
+    """Integers 16 bytes past a page boundary, as live numpy memory usually is: every streamed
+    piece is staged through the ring buffers; the odd length leaves a tail that is not a whole
+    block."""
+    nbytes = mib * 1024 * 1024 + 4004
+    raw = np.empty(nbytes + 8192, np.uint8)
+    start = (-raw.ctypes.data) % 4096 + 16
+    w = raw[start : start + nbytes].view(np.int32)
+    w[:] = np.random.default_rng(mib).integers(-(2**31), 2**31 - 1, w.size, dtype=np.int32)
+    assert w.ctypes.data % 4096 == 16
+    return {"w": w}
+
+
+def test_a_streamed_save_from_unaligned_memory_loads_identical_and_leaves_no_temporaries(
+    tmp_path: Path,
+) -> None:
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
+    state = unaligned_state(5)
+    assert store._streams("periodic")  # an empty store: chunks are written while hashed
+    ref = store.save("job-1", 1, state).ref
+    assert_same_state(state, store.load(ref).state)
+    store.verify(ref)
+    leftovers = [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    store.close()
+
+
+def test_a_failed_write_on_an_io_thread_fails_the_save_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
+    before = store.save("job-1", 1, {"w": np.zeros(1 << 18, np.float32)}).ref
+    calls = {"n": 0}
+    real = local_module._pwrite_all
+
+    def failing(fd: int, data: memoryview, offset: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise OSError(errno.EIO, "injected write error")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(local_module, "_pwrite_all", failing)
+    monkeypatch.setattr(store, "_streams", lambda kind: True)
+    with pytest.raises(OSError, match="injected write error"):
+        store.save("job-1", 2, unaligned_state(6))
+    assert calls["n"] >= 4
+    assert store.latest("job-1") == before
+    names = [p.name for p in (tmp_path / "store" / "chunks").rglob("*")]
+    assert not [n for n in names if ".tmp-" in n]
+    manifests = os.listdir(tmp_path / "store" / "jobs" / "job-1" / "manifests")
+    assert manifests == [before.key.rsplit("/", 1)[-1]]
+    store.close()
+
+
+def probe_times(
+    monkeypatch: pytest.MonkeyPatch, direct: list[float], buffered: list[float]
+) -> list[bool]:
+    """Make the O_DIRECT probe see these write times; the kinds of writes it asked for."""
+    asked: list[bool] = []
+    times = {True: iter(direct), False: iter(buffered)}
+
+    def timed(folder: Path, data: np.ndarray, use_direct: bool) -> float:
+        asked.append(use_direct)
+        return next(times[use_direct])
+
+    monkeypatch.setattr(local_module, "_DIRECT_CHOICE", {})
+    monkeypatch.setattr(local_module, "_timed_probe_write", timed)
+    return asked
+
+
+def test_a_file_system_where_buffered_writes_are_clearly_faster_gets_buffered_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = probe_times(monkeypatch, direct=[0.040, 0.050], buffered=[0.010, 0.019])
+    store = LocalStore(tmp_path / "a")
+    assert asked == [True, False, True, False]  # alternating, twice each
+    assert not store.direct
+    state = unaligned_state(2)
+    ref = store.save("job-1", 1, state).ref
+    assert_same_state(state, store.load(ref).state)
+    # Measured once per file system and process.
+    assert not LocalStore(tmp_path / "b").direct
+    assert len(asked) == 4
+    store.close()
+
+
+def test_one_noisy_probe_does_not_give_up_o_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe_times(monkeypatch, direct=[0.040, 0.012], buffered=[0.010, 0.030])
+    assert LocalStore(tmp_path / "a").direct
+    probe_times(monkeypatch, direct=[0.030, 0.021], buffered=[0.010, 0.011])
+    assert LocalStore(tmp_path / "b").direct  # faster, but not by the margin
+
+
+def test_the_real_probe_leaves_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_module, "_DIRECT_CHOICE", {})
+    store = LocalStore(tmp_path / "store")
+    assert isinstance(store.direct, bool)
+    assert list((tmp_path / "store" / "chunks").iterdir()) == []
