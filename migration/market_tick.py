@@ -1,10 +1,12 @@
 """One tick of the market simulator (beat): preempt running spot instances as the simulated
 market says, through the same two-level interrupt a staff member sends.
 
-Off unless BATON_MARKET_TIME_SCALE is above 0; then each wall second is that many simulated
-seconds. The last tick's wall time and the simulator's clock (the simulated hours that traces
-are replayed on) live in Redis under the install's key prefix: every worker sees the same
-market, a restart carries on where it stopped, and two installs sharing a Redis keep apart.
+Off unless BATON_MARKET_TIME_SCALE is above 0, or staff switched it on from the fleet page
+(`set_time_scale`, which overrides the setting until switched back); then each wall second is
+that many simulated seconds. The last tick's wall time and the simulator's clock (the
+simulated hours that traces are replayed on) live in Redis under the install's key prefix:
+every worker sees the same market, a restart carries on where it stopped, and two installs
+sharing a Redis keep apart.
 The decision itself is `migration.simulator` (pure); see docs/decisions/041-market-simulator.md.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -43,11 +46,37 @@ logger = logging.getLogger(__name__)
 MAX_GAP_TICKS = 5
 # Longer than any tick takes; a lock left by a killed worker frees itself after this.
 LOCK_SECONDS = 60
+# A day a second: beyond that every spot instance would be preempted at every tick.
+MAX_TIME_SCALE = 86_400.0
 
 
 def state_key() -> str:
     """The Redis key of the simulator's state for this install."""
     return f"{settings.BATON_REDIS_PREFIX}:market-simulator"
+
+
+def switch_key() -> str:
+    """The Redis key of the fleet page's switch: a time scale (0 is off) that overrides
+    BATON_MARKET_TIME_SCALE while it is set."""
+    return f"{state_key()}:switch"
+
+
+def time_scale() -> float:
+    """The simulated seconds per wall second now: the switch's when set, else the setting's."""
+    switched = redis_client(settings.REDIS_URL).get(switch_key())
+    return float(switched) if switched is not None else settings.BATON_MARKET_TIME_SCALE
+
+
+def set_time_scale(scale: float | None) -> None:
+    """Switch the simulator at run time: a scale above 0 turns it on, 0 off, None goes back to
+    BATON_MARKET_TIME_SCALE."""
+    store = redis_client(settings.REDIS_URL)
+    if scale is None:
+        store.delete(switch_key())
+    elif not math.isfinite(scale) or not 0 <= scale <= MAX_TIME_SCALE:
+        raise ValueError(f"a time scale is 0 (off) to {MAX_TIME_SCALE:g}")
+    else:
+        store.set(switch_key(), repr(float(scale)))
 
 
 @functools.lru_cache(maxsize=4)
@@ -62,7 +91,7 @@ def run_market_tick(now: datetime | None = None) -> list[int]:
     Returns the ids of the instances interrupted. The first tick after the state is gone only
     starts the clock. A tick already running elsewhere makes this one do nothing.
     """
-    scale = settings.BATON_MARKET_TIME_SCALE
+    scale = time_scale()
     if scale <= 0:
         return []
     now = now or timezone.now()

@@ -12,7 +12,14 @@ from django.db.models import Prefetch
 
 from jobs.lifecycle import is_finished
 from migration.choices import InstanceState
-from migration.models import CapacityPool, Checkpoint, CheckpointReplica, Instance, Migration
+from migration.models import (
+    CapacityPool,
+    Checkpoint,
+    CheckpointReplica,
+    Instance,
+    Migration,
+    TimelineEvent,
+)
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -21,6 +28,8 @@ if TYPE_CHECKING:
 LOG_TAIL = 300
 # The fleet page lists the instances that are not over, and this many recently ended ones.
 RECENT_ENDED_INSTANCES = 20
+# Events the fleet page's feed shows at first.
+FEED_TAIL = 30
 
 
 def describe_workload(workload: dict[str, Any]) -> str:
@@ -75,15 +84,35 @@ def log_tail_start(job: Job) -> int:
 
 
 @dataclass(frozen=True)
-class PoolGroup:
-    accelerator: str
+class RegionPools:
     region: str
     pools: list[CapacityPool]
 
 
-def fleet_pools() -> list[PoolGroup]:
-    """Enabled pools with their free capacity, grouped by accelerator then region (one query);
-    within a group spot comes before on-demand, cheapest first."""
+@dataclass(frozen=True)
+class AcceleratorPools:
+    """One card's pools by region, with what a glance needs: the cheapest spot and the room."""
+
+    accelerator: str
+    regions: list[RegionPools]
+
+    @property
+    def pools(self) -> list[CapacityPool]:
+        return [pool for region in self.regions for pool in region.pools]
+
+    @property
+    def cheapest_spot(self) -> Any:
+        prices = [p.price_per_hour for p in self.pools if p.market == "spot"]
+        return min(prices) if prices else None
+
+    @property
+    def free(self) -> int:
+        return sum(max(getattr(p, "free", 0), 0) for p in self.pools)  # with_free()
+
+
+def fleet_pools() -> list[AcceleratorPools]:
+    """Enabled pools with their free capacity and history, by accelerator then region (one
+    query); within a region spot comes before on-demand, cheapest first."""
     pools = (
         CapacityPool.objects.with_free()
         .filter(enabled=True)
@@ -91,10 +120,14 @@ def fleet_pools() -> list[PoolGroup]:
         .order_by("accelerator__name", "region__code", "-market", "price_per_hour", "id")
     )
     return [
-        PoolGroup(accelerator, region, list(items))
-        for (accelerator, region), items in groupby(
-            pools, key=lambda p: (p.accelerator.name, p.region.code)
+        AcceleratorPools(
+            accelerator,
+            [
+                RegionPools(region, list(items))
+                for region, items in groupby(in_card, key=lambda p: p.region.code)
+            ],
         )
+        for accelerator, in_card in groupby(pools, key=lambda p: p.accelerator.name)
     ]
 
 
@@ -113,3 +146,7 @@ def fleet_instances() -> list[Instance]:
     return live + ended
 
 
+def fleet_feed_start() -> int:
+    """The event id after which the fleet page's feed starts: the last `FEED_TAIL` events."""
+    ids = list(TimelineEvent.objects.order_by("-id").values_list("id", flat=True)[:FEED_TAIL])
+    return ids[-1] - 1 if ids else 0

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, Sum
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -21,8 +23,10 @@ from jobs.api.serializers import JobSerializer
 from jobs.choices import FINISHED_JOB_STATES, JobState, Tolerance
 from jobs.models import Job
 from jobs.workloads.catalog import TEMPLATES
-from migration import pages
-from migration.models import Accelerator, CapacityPool
+from migration import market_tick, pages
+from migration.api.serializers import InterruptSerializer
+from migration.interruptions import InstanceNotRunning, interrupt_instance
+from migration.models import Accelerator, CapacityPool, Instance
 from portal import job_form, tokens
 from portal.forms import TokenForm
 from portal.http import AuthenticatedHttpRequest
@@ -176,6 +180,104 @@ def job_new(request: AuthenticatedHttpRequest) -> HttpResponse:
             "can_run_command": request.user.has_perm("jobs.run_command"),
         },
     )
+
+
+def _require_staff(request: AuthenticatedHttpRequest) -> None:
+    if not request.user.is_staff:
+        raise PermissionDenied("the fleet is for staff")
+
+
+def _fleet_parts_context() -> dict[str, Any]:
+    scale = market_tick.time_scale()
+    return {
+        "instances": pages.fleet_instances(),
+        "market_scale": scale,
+        "market_switched": scale != settings.BATON_MARKET_TIME_SCALE,
+        "market_setting": settings.BATON_MARKET_TIME_SCALE,
+        "market_scales": MARKET_SCALES,
+    }
+
+
+INTERRUPT_FIELDS = ("advance_notice_s", "final_window_s")
+# The switch's choices: simulated seconds per wall second, in words.
+MARKET_SCALES = [
+    (60.0, "a minute a second"),
+    (600.0, "ten minutes a second"),
+    (3600.0, "an hour a second"),
+]
+
+
+@login_required
+def fleet(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """Staff: pools by accelerator and region, instances with their health and an Interrupt
+    button each, the market simulator's switch, and a live feed of every job's events."""
+    _require_staff(request)
+    context = {
+        **_fleet_parts_context(),
+        "pool_groups": pages.fleet_pools(),
+        "feed_since": pages.fleet_feed_start(),
+    }
+    return render(request, "portal/fleet.html", context)
+
+
+@login_required
+def fleet_parts(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """The fleet page's changing parts, as HTML for the page to swap in."""
+    _require_staff(request)
+    if request.GET.get("part") == "pools":
+        return render(request, "portal/fleet_pools.html", {"pool_groups": pages.fleet_pools()})
+    return render(request, "portal/fleet_parts.html", _fleet_parts_context())
+
+
+@login_required
+@require_POST
+def fleet_interrupt(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """Staff: the chaos action of POST /api/instances/{id}/interrupt/, from a button; an empty
+    field takes the pool's own window."""
+    _require_staff(request)
+    given = {k: request.POST[k] for k in INTERRUPT_FIELDS if request.POST.get(k, "").strip()}
+    body = InterruptSerializer(data=given)
+    instance_id = request.POST.get("instance", "")
+    instance = (
+        Instance.objects.select_related("pool").filter(pk=int(instance_id)).first()
+        if instance_id.isdigit()
+        else None
+    )
+    if instance is None:
+        messages.error(request, "Not interrupted: no such instance.")
+    elif not body.is_valid():
+        problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in body.errors.items())
+        messages.error(request, f"Not interrupted: {problems}")
+    else:
+        windows = {name: getattr(instance.pool, name) for name in INTERRUPT_FIELDS}
+        windows.update(body.validated_data)
+        try:
+            interrupt_instance(instance.pk, source="manual", **windows)
+        except InstanceNotRunning as exc:
+            messages.warning(request, str(exc))
+        else:
+            messages.success(
+                request, f"Instance {instance.pk} of job {instance.job_id} interrupted."
+            )
+    return redirect("fleet")
+
+
+@login_required
+@require_POST
+def fleet_market(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """Staff: switch the market simulator on at a scale, off, or back to its setting."""
+    _require_staff(request)
+    choice = request.POST.get("scale", "")
+    allowed = {str(scale): scale for scale, _ in MARKET_SCALES}
+    if choice == "setting":
+        market_tick.set_time_scale(None)
+    elif choice == "off":
+        market_tick.set_time_scale(0.0)
+    elif choice in allowed:
+        market_tick.set_time_scale(allowed[choice])
+    else:
+        messages.error(request, "Choose a time scale, off, or the setting.")
+    return redirect("fleet")
 
 
 @login_required

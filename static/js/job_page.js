@@ -24,48 +24,9 @@
   };
   const events = [];
   let lastId = 0;
-  let retryMs = 1000;
   let state = null;
 
-  function setStatus(kind, text) {
-    status.dataset.state = kind;
-    status.textContent = text;
-  }
-
-  function describe(event) {
-    const d = event.data || {};
-    switch (event.kind) {
-      case "replica_ready":
-        return [d.region && `in ${d.region}`, d.source && `from ${d.source}`, d.note].filter(Boolean).join(" · ");
-      case "rollback":
-        return `from step ${d.from_step} to step ${d.to_step}` + (d.reason ? ` · ${d.reason}` : "");
-      case "validation_passed":
-      case "validation_failed": {
-        const integrity = d.integrity || {};
-        return [integrity.ok === false ? "chunks corrupt" : integrity.ok ? "chunks verified" : "",
-          d.note || d.reason].filter(Boolean).join(" · ");
-      }
-      case "checkpoint_committed":
-      case "checkpoint_missed":
-        return `step ${d.step}` + (d.lost_steps ? ` · ${d.lost_steps} steps lost` : "");
-    }
-    return d.reason || d.error || Object.entries(d)
-      .filter(([k]) => k !== "reason")
-      .map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`)
-      .join(" · ");
-  }
-
-  function showEvent(event) {
-    const item = document.createElement("li");
-    item.className = "event kind-" + event.kind;
-    item.dataset.id = event.id;
-    item.innerHTML = '<time></time> <strong></strong> <span class="muted"></span>';
-    item.querySelector("time").textContent = new Date(event.at).toLocaleTimeString();
-    item.querySelector("time").dateTime = event.at;
-    item.querySelector("strong").textContent = event.kind.replace(/_/g, " ");
-    item.querySelector("span").textContent = describe(event);
-    list.appendChild(item);
-  }
+  function showEvent(event) { list.appendChild(window.BatonLive.item(event)); }
 
   function seconds(s) { return s >= 90 ? (s / 60).toFixed(1) + " min" : s.toFixed(1) + " s"; }
 
@@ -144,20 +105,7 @@
     if (cancel) cancel.hidden = FINISHED.includes(next);
   }
 
-  // The server renders the changing parts; one request at a time, the latest wins.
-  let partsTimer = null;
-  function refreshParts() {
-    clearTimeout(partsTimer);
-    partsTimer = setTimeout(function () {
-      fetch(parts.dataset.url, { credentials: "same-origin" })
-        .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
-        .then(function (html) {
-          parts.innerHTML = html;
-          if (state) showState(state);
-        })
-        .catch(function () { /* the next event tries again */ });
-    }, 250);
-  }
+  const refreshParts = window.BatonLive.refresher(parts, function () { if (state) showState(state); });
 
   // The log: lines after the last one shown, a marker where a rank moved to a new instance.
   let logSince = Number(log.dataset.since);
@@ -211,18 +159,14 @@
   }
 
   let replaying = false;
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/`);
-    socket.onopen = function () {
-      setStatus("live", "live");
-      retryMs = 1000;
+  window.BatonLive.connect(`/ws/jobs/${jobId}/`, {
+    status: status,
+    since: function () { return lastId; },
+    onOpen: function () {
       replaying = true;
-      socket.send(JSON.stringify({ type: "resume", since: lastId }));
       refreshLog();  // lines written while disconnected
-    };
-    socket.onmessage = function (message) {
-      const payload = JSON.parse(message.data);
+    },
+    onMessage: function (payload) {
       if (payload.type === "timeline.event") {
         onEvent(payload.event, payload.state);
         if (!replaying) { redraw(); refreshParts(); }
@@ -239,14 +183,6 @@
       } else if (payload.type === "log.lines") {
         refreshLog();
       }
-    };
-    socket.onclose = function () {
-      // Back off up to 15 s, with jitter so a restarted server is not hit by every page at once.
-      const wait = retryMs * (0.75 + Math.random() / 2);
-      setStatus("reconnecting", `reconnecting in ${Math.round(wait / 1000)} s…`);
-      setTimeout(connect, wait);
-      retryMs = Math.min(retryMs * 2, 15000);
-    };
-  }
-  connect();
+    },
+  });
 })();

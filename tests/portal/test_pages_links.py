@@ -81,4 +81,4 @@ def test_every_link_on_every_page_opens_a_page_for_staff(
 
     pages = crawl(client)
 
-    assert "/admin/" in pages
+    assert "/fleet/" in pages and "/admin/" in pages
