@@ -4,8 +4,11 @@ and read-only views of instances, migrations, checkpoints, notices and the timel
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 
 from migration.interruptions import InstanceNotRunning, interrupt_instance
 from migration.models import (
@@ -66,10 +69,50 @@ class AcceleratorAdmin(admin.ModelAdmin):
 
 @admin.register(CompatibilityRule)
 class CompatibilityRuleAdmin(admin.ModelAdmin):
+    """The matrix as a list (filters, enable or disable in place) and as a read-only grid of
+    which card may stand in for which (`matrix/`)."""
+
     list_display = ["source", "target", "kind", "target_count", "enabled"]
     list_filter = ["kind", "enabled", "source", "target"]
     list_editable = ["enabled"]
+    list_select_related = ["source", "target"]
     search_fields = ["source__name", "target__name"]
+    change_list_template = "admin/migration/compatibilityrule/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        grid = path(
+            "matrix/",
+            self.admin_site.admin_view(self.matrix_view),
+            name="migration_compatibilityrule_matrix",
+        )
+        return [grid, *super().get_urls()]
+
+    def matrix_view(self, request: HttpRequest) -> HttpResponse:
+        """Rows: the card a job asks for; columns: the card that may run it instead."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        cards = list(Accelerator.objects.order_by("generation", "memory_gib", "name"))
+        cells: dict[tuple[int, int], list[CompatibilityRule]] = {}
+        for rule in CompatibilityRule.objects.all():
+            cells.setdefault((rule.source_id, rule.target_id), []).append(rule)
+
+        def cell(card: Accelerator, target: Accelerator) -> tuple[str, list[CompatibilityRule]]:
+            rules = cells.get((card.pk, target.pk), [])
+            if card == target:
+                return "self", rules
+            if any(rule.enabled for rule in rules):
+                return "allowed", rules
+            return ("disabled" if rules else ""), rules
+
+        rows = [(card, [cell(card, target) for target in cards]) for card in cards]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Compatibility matrix",
+            "opts": self.model._meta,
+            "cards": cards,
+            "rows": rows,
+        }
+        return TemplateResponse(request, "admin/migration/compatibility_matrix.html", context)
 
 
 @admin.register(CapacityPool)
