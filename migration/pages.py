@@ -24,6 +24,18 @@ from migration.models import (
 if TYPE_CHECKING:
     from jobs.models import Job
 
+# A migration's phases in order, as the job page's timeline draws them.
+PHASES = (
+    "notice",
+    "checkpoint",
+    "release",
+    "placement",
+    "replica",
+    "start",
+    "restore",
+    "validation",
+    "running",
+)
 # Log lines a job's page shows at first; older ones stay in GET /api/jobs/{id}/logs/.
 LOG_TAIL = 300
 # The fleet page lists the instances that are not over, and this many recently ended ones.

@@ -90,6 +90,7 @@ def job_detail(request: AuthenticatedHttpRequest, job_id: int) -> HttpResponse:
         "job": job,
         "workload": pages.describe_workload(job.workload),
         "log_since": pages.log_tail_start(job),
+        "phases": pages.PHASES,
         **pages.job_parts(job),
     }
     return render(request, "portal/job_detail.html", context)

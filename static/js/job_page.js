@@ -26,7 +26,11 @@
   let lastId = 0;
   let state = null;
 
-  function showEvent(event) { list.appendChild(window.BatonLive.item(event)); }
+  function showEvent(event) {
+    const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+    list.appendChild(window.BatonLive.item(event));
+    if (atBottom) list.scrollTop = list.scrollHeight;
+  }
 
   function seconds(s) { return s >= 90 ? (s / 60).toFixed(1) + " min" : s.toFixed(1) + " s"; }
 

@@ -45,6 +45,13 @@ window.BatonLive = (function () {
         return [integrity.ok === false ? "chunks corrupt" : integrity.ok ? "chunks verified" : "",
           d.note || d.reason].filter(Boolean).join(" · ");
       }
+      case "notice_advance":
+      case "notice_final": {
+        const next = d.target && typeof d.target === "object"
+          ? `next: ${d.target.instance_type || "a pool"} in ${d.target.region || "?"}` : "";
+        return [d.source && `from ${d.source}`, d.rank !== undefined && `rank ${d.rank}`, next, d.reason]
+          .filter(Boolean).join(" · ");
+      }
       case "restore_done":
         return `from step ${d.step}`;
       case "instance_started":
