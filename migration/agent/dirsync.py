@@ -117,6 +117,7 @@ class DirectorySync:
         self.syncs = 0
         self.last_ref: ManifestRef | None = None
         self.session: int | None = None
+        self._processes: writers.Session | None = None
         self._synced: Snapshot | None = None
         self._synced_at = 0.0
         self._lock = threading.Lock()
@@ -245,13 +246,15 @@ class DirectorySync:
     def watch(self, session: int) -> None:
         """From now on, files the processes of `session` hold open for writing are busy."""
         self.session = session
+        self._processes = writers.Session(session)
 
     def writing(self) -> set[str]:
         """Files of the folder the workload holds open for writing, looked up now (a cached
         answer could miss a write that began since, and let a half-written file through)."""
-        if self.session is None:
+        processes = self._processes
+        if self.session is None or processes is None:
             return set()
-        return writers.files_being_written(self.session, self.folder)
+        return writers.files_being_written(processes, self.folder)
 
     def observe(self) -> None:
         """One look at the folder: remember each file's state once it is settled, i.e. the
@@ -270,12 +273,22 @@ class DirectorySync:
             self._seen = files
 
     def _busy(self, rel: str) -> bool:
-        """While the workload runs: is it writing `rel`? Once its leader has died, any file
-        may be half-written, so every one is (the last sync decides what to trust)."""
+        """While the workload runs: may `rel` be in the middle of a write? Yes when a process
+        of the workload has it open for writing, when its state is not yet settled (a file
+        just truncated by `open(..., "wb")` can show no open descriptor for a moment), and,
+        once the leader has died, for every file (the last sync decides what to trust)."""
         session = self.session
         if session is None:
             return False
-        return not writers.alive(session) or rel in self.writing()
+        if not writers.alive(session) or rel in self.writing():
+            return True
+        try:
+            st = os.lstat(self.folder / rel)
+        except FileNotFoundError:
+            return True
+        with self._watch_lock:
+            settled = self._quiet.get(rel)
+        return settled != (st.st_size, st.st_mtime_ns)
 
     def leader_exited(self) -> None:
         """The workload's leader has exited; what its other processes are writing now will be
