@@ -95,6 +95,7 @@ def log_in(page: Any, base: str, username: str = "demo", password: str = DEMO_PA
 def screenshot(page: Any, name: str, full_page: bool = True) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
+    page.evaluate("window.scrollTo(0, 0)")  # sticky panels where a reader first sees them
     page.screenshot(path=str(path), full_page=full_page)
     return path
 
@@ -166,7 +167,6 @@ def test_a_user_submits_watches_a_live_migration_and_a_stranger_sees_nothing(
     expect(user.locator("#checkpoints .chip.replica-ready").first).to_be_visible()
     expect(user.locator("#log .log-migration").first).to_be_visible()  # rank 0 moved
     expect(user.locator("#log")).to_contain_text("final step=1200")
-    user.evaluate("window.scrollTo(0, 0)")
     screenshot(user, "job", full_page=False)  # the parts and the timeline, as on a laptop
     user.goto(stack.base + "/")
     expect(user.locator(f"#jobs a[href='/jobs/{job_id}/']")).to_be_visible()
