@@ -127,6 +127,7 @@ class EstimateInput:
     interruption_rate_source: str = "given"
     interruption_rate_borrowed_from: tuple[str, ...] = ()
     history_hours: float = 0.0
+    market_time_scale: float = 1.0
     notice_seconds: float = DEFAULT_NOTICE_SECONDS
     save_gb_per_s: float = DEFAULT_SAVE_GB_PER_S
     restore_gb_per_s: float = DEFAULT_RESTORE_GB_PER_S
@@ -650,6 +651,11 @@ def _recommend(
     saving = od.expected_cost - spot.expected_cost
     share = saving / od.expected_cost if od.expected_cost > 0 else 0.0
     reasons.append(_rate_reason(inp, spot))
+    if inp.market_time_scale != 1.0:
+        reasons.append(
+            f"The market simulator runs {inp.market_time_scale:g} times faster than the clock: "
+            "interruptions and outages are counted per hour of the clock."
+        )
     if not inp.emergency_checkpoint_fits:
         reasons.append(
             f"A {inp.checkpoint_gb:g} GB checkpoint takes {inp.save_seconds:.0f} s to save, more "

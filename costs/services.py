@@ -274,11 +274,17 @@ def estimate_input(job: Job) -> EstimateInput | None:
         }
     elif judged is not None:  # a rate set on the pool by hand, not derived from history
         figures = {"interruption_rate_source": "pool"}
+    # With the market simulator on, spot is interrupted on its compressed clock: the job meets
+    # `scale` times more interruptions per hour of the clock, each outage `scale` times shorter.
+    scale = settings.BATON_MARKET_TIME_SCALE or 1.0
+    if "mean_outage_hours" in figures:
+        figures["mean_outage_hours"] /= scale
     return EstimateInput(
         work_hours=situation.remaining_work_hours,
         spot_price_per_hour=spot,
         on_demand_price_per_hour=on_demand,
-        interruption_rate_per_hour=seen.interruption_rate,
+        interruption_rate_per_hour=seen.interruption_rate * scale,
+        market_time_scale=scale,
         checkpoint_gb=job.checkpoint_gb,
         migration_overhead_hours=situation.restart_overhead_hours,
         deadline_hours=deadline_hours if deadline_hours and deadline_hours > 0 else None,

@@ -177,3 +177,19 @@ def test_the_biggest_estimate_it_takes_answers_within_two_seconds(
     refused = client_for(alice).post("/api/estimates/", {**body, "nodes": 2}, format="json")
     assert refused.status_code == 400
     assert "interruptions to simulate" in refused.json()["expected_hours"][0]
+
+
+def test_with_the_market_simulator_on_the_estimate_runs_on_its_clock(
+    catalogue: Any, alice: Any, client_for: Any, settings: Any
+) -> None:
+    CapacityPool.objects.filter(market="spot").update(interruption_rate_per_hour=0.5)
+    client = client_for(alice)
+    body = job_body(expected_hours=0.1)
+    real = client.post("/api/estimates/", body, format="json").json()
+    settings.BATON_MARKET_TIME_SCALE = 60.0
+    fast = client.post("/api/estimates/", body, format="json").json()
+
+    assert real["interruption_rate_per_hour"] == 0.5
+    assert fast["interruption_rate_per_hour"] == 30.0
+    assert fast["spot"]["expected_interruptions"] > 10 * real["spot"]["expected_interruptions"]
+    assert any("60 times faster than the clock" in reason for reason in fast["reasons"])
