@@ -11,7 +11,8 @@ cost the training loop, and how fast an emergency checkpoint reaches the region'
   BATON_LOCAL_STORE_URL). A block's time stops at its last step; the persist and the uploads
   still running then are waited for outside it, so each block starts from the same point. The
   S3 server runs on the same machine, so its own CPU time is charged to the loop here, which
-  a remote store would not do.
+  a remote store would not do. Two more rows give the part of each block spent in the calls
+  that saved (the snapshot, and any wait for the previous persist), two tiers against one.
 - emergency: a state of each of `--sizes` MiB is checkpointed periodically with two tiers (the
   upload of that checkpoint is under way), changed entirely, then the final notice comes: the
   time from the notice at a step boundary to the emergency checkpoint committed in the region's
@@ -142,8 +143,10 @@ def loop_rows(args: argparse.Namespace, work: Path, server: Any) -> list[Row]:
     one_tier = checkpointer(s3_store(server), None, "direct")
     step = 0
 
-    def block(ckpt: Checkpointer | None, steps: int) -> float:
+    def block(ckpt: Checkpointer | None, steps: int) -> tuple[float, float]:
+        """Seconds of a block, and of those the seconds spent in calls that saved."""
         nonlocal step
+        blocked = 0.0
         started = time.perf_counter()
         for _ in range(INTERVALS_PER_BLOCK):
             if ckpt is not None:
@@ -152,11 +155,13 @@ def loop_rows(args: argparse.Namespace, work: Path, server: Any) -> list[Row]:
                 model.train_step(step)
                 step += 1
                 if ckpt is not None:
-                    ckpt.maybe_save(step, model.state(), val_loss=model.val_loss)
+                    called = time.perf_counter()
+                    if ckpt.maybe_save(step, model.state(), val_loss=model.val_loss):
+                        blocked += time.perf_counter() - called
         seconds = time.perf_counter() - started
         if ckpt is not None:
             settle(ckpt)
-        return seconds
+        return seconds, blocked
 
     warm = time.perf_counter()
     for _ in range(20):
@@ -172,10 +177,13 @@ def loop_rows(args: argparse.Namespace, work: Path, server: Any) -> list[Row]:
     for ckpt in contenders.values():  # unmeasured: allocates the snapshot buffers
         block(ckpt, steps)
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    blocked: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for i in range(repeats):
         for name in names[i % 3 :] + names[: i % 3]:
-            seconds[name].append(block(contenders[name], steps))
+            total, in_saves = block(contenders[name], steps)
+            seconds[name].append(total)
+            blocked[name].append(in_saves)
     assert two_tiers.uploader is not None
     skipped = two_tiers.uploader.uploads_skipped
     uploaded = two_tiers.uploader.uploads_done
@@ -199,6 +207,12 @@ def loop_rows(args: argparse.Namespace, work: Path, server: Any) -> list[Row]:
         Row(f"no checkpoints ({per_block}, baseline)", seconds["none"], [1.0] * repeats),
         Row("two tiers: local disk, then S3", seconds["two tiers"], against_none("two tiers")),
         Row("one tier: straight to S3", seconds["one tier"], against_none("one tier")),
+        Row(
+            "  of which at checkpoints, two tiers",
+            blocked["two tiers"],
+            ratios(blocked["two tiers"], blocked["one tier"]),
+        ),
+        Row("  of which at checkpoints, one tier (base)", blocked["one tier"], [1.0] * repeats),
     ]
 
 
