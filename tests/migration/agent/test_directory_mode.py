@@ -113,7 +113,8 @@ def test_it_restores_the_checkpoint_named_by_baton_resume(
     start_agent: StartAgent, portal: FakePortal, store_url: str, tmp_path: Path
 ) -> None:
     env = directory_env(store_url, BATON_AGENT_SYNC_INTERVAL="0")
-    first = start_agent(example(100, 7, 10), **env)
+    # Saves 0.6 s apart: a periodic sync records a file once it has settled between them.
+    first = start_agent(example(100, 7, 25), **env)
     assert first.wait() == EXIT_FINISHED
     # A sync may catch the script between two of its files; the files decide where it resumes.
     candidates = [
@@ -122,7 +123,7 @@ def test_it_restores_the_checkpoint_named_by_baton_resume(
         if c["kind"] == "periodic"
     ]
     manifest, step = next((m, s) for m, s in candidates if s is not None and s < 100)
-    run = start_agent(example(100, 7, 10), **directory_env(store_url, BATON_RESUME=manifest))
+    run = start_agent(example(100, 7, 25), **directory_env(store_url, BATON_RESUME=manifest))
     assert run.wait() == EXIT_FINISHED
     assert f"resumed from step {step}" in run.output()
     assert portal.of_type("restore")[-1]["manifest"] == manifest
