@@ -8,12 +8,13 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.forms import AuthenticationForm
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 
 from portal.throttling import login_blocked_for, record_login_failure
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def throttled_login(view: View) -> View:
@@ -21,7 +22,7 @@ def throttled_login(view: View) -> View:
     that leaves the user logged out (the form shown again) as a wrong password."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if request.method != "POST":
             return view(request, *args, **kwargs)
         username = request.POST.get("username", "")
@@ -29,9 +30,9 @@ def throttled_login(view: View) -> View:
         if wait:
             # An unbound form: a bound one would check the password when rendered.
             context = {"form": AuthenticationForm(request), "retry_after": wait}
-            response = render(request, "registration/login.html", context, status=429)
-            response["Retry-After"] = str(wait)
-            return response
+            refused = render(request, "registration/login.html", context, status=429)
+            refused["Retry-After"] = str(wait)
+            return refused
         response = view(request, *args, **kwargs)
         if not request.user.is_authenticated:
             record_login_failure(request, username)
