@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from migration.agent import writers
 from migration.agent.config import ConfigError
@@ -75,6 +75,18 @@ def snapshot(folder: Path) -> Snapshot:
                 continue  # replaced between the listing and the stat: seen on the next scan
             found[os.path.normpath(os.path.join(rel_root, name))] = (st.st_size, st.st_mtime_ns)
     return found
+
+
+def _recorded(before: Snapshot, files: dict[str, dict[str, Any]]) -> Snapshot:
+    """What a sync recorded, as a snapshot: a file that kept its previous version (it was not
+    settled) shows that version's size and mtime, so the next look sees it still to be synced."""
+    recorded: Snapshot = {}
+    for rel, entry in files.items():
+        if entry.get("type") == "file":
+            recorded[rel] = (int(entry["size"]), int(entry["mtime_ns"]))
+        elif rel in before:
+            recorded[rel] = before[rel]
+    return recorded
 
 
 def read_step_file(path: Path) -> int | None:
@@ -375,7 +387,7 @@ class DirectorySync:
                 logger.warning("checkpoint sync of %s failed (retried later): %s", self.folder, exc)
                 return None
             self.last_ref = result.ref
-            self._synced = before
+            self._synced = _recorded(before, result.manifest.files or {})
             self._synced_at = time.monotonic()
             self.syncs += 1
         logger.info(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +170,44 @@ def test_a_sync_sends_only_what_changed(store_url: str, tmp_path: Path) -> None:
     assert first["bytes_new"] == first["bytes_total"] > 2_000_000
     assert second["bytes_total"] == first["bytes_total"]
     assert second["bytes_new"] < 100
+
+
+def test_a_file_held_while_it_was_written_is_synced_once_it_settles(
+    store_url: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "other.txt").write_text("settled")
+    sync, _ = make_sync(store_url, folder)
+    assert sync.restore() is None
+    # The workload holds ckpt.pt open for writing until told, then closes it and lives on.
+    script = (
+        "import sys; f = open(sys.argv[1], 'ab'); f.write(b'x' * 1000); f.flush();"
+        "print('writing', flush=True); sys.stdin.readline(); f.close();"
+        "print('closed', flush=True); sys.stdin.read()"
+    )
+    workload = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder / "ckpt.pt")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert workload.stdin is not None and workload.stdout is not None
+    try:
+        assert workload.stdout.readline().strip() == "writing"
+        sync.watch(workload.pid)
+        sync.observe()
+        sync.observe()
+        held = sync.sync()
+        assert held is not None and set(held.manifest.files or {}) == {"other.txt"}
+
+        workload.stdin.write("close\n")
+        workload.stdin.flush()
+        assert workload.stdout.readline().strip() == "closed"
+        # Unchanged since the last sync, but now settled: the next sync records it.
+        sync.observe()
+        sync.observe()
+        result = sync.sync()
+        assert result is not None
+        assert set(result.manifest.files or {}) == {"other.txt", "ckpt.pt"}
+    finally:
+        workload.stdin.close()
+        workload.wait()
