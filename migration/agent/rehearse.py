@@ -352,7 +352,7 @@ class Rehearsal:
         self.verdict.update(
             {
                 "resumed from step": step,
-                "steps lost": max(last_step - step, 0),
+                "steps lost (at most)": max(last_step - step, 0),
                 "second run": f"still running after {self.args.resume_for:g} s"
                 if code is None
                 else f"agent exit {_describe(code)}",
