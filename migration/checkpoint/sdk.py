@@ -643,7 +643,8 @@ class Checkpointer:
         return result
 
     def wait(self) -> None:
-        """Wait for the persist in flight, if any."""
+        """Wait for the persist in flight, if any (with two tiers: the local write;
+        `uploader.drain()` waits for the upload)."""
         self._wait_idle()
 
     # ---- reports ----------------------------------------------------------------------------
