@@ -203,7 +203,10 @@ def direct_writes_pay(folder: Path) -> bool:
                 buffered.append(_timed_probe_write(folder, data, False))
         except OSError as exc:
             if exc.errno != errno.EINVAL:
-                raise
+                # Not writable here (a read-only store, a full disk): nothing to measure, and
+                # reads may still use O_DIRECT. Asked again by the next store opened.
+                logger.debug("%s: cannot measure O_DIRECT writes: %s", folder, exc)
+                return True
             direct = []  # this file system refuses O_DIRECT
         choice = bool(direct) and max(buffered) * _BUFFERED_MARGIN >= min(direct)
         logger.debug("%s: chunk I/O %s", folder, "O_DIRECT" if choice else "buffered")

@@ -180,3 +180,20 @@ def test_the_real_probe_leaves_no_file_behind(
     store = LocalStore(tmp_path / "store")
     assert isinstance(store.direct, bool)
     assert list((tmp_path / "store" / "chunks").iterdir()) == []
+
+
+def test_a_store_where_nothing_can_be_written_still_opens_and_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = unaligned_state(2)
+    ref = LocalStore(tmp_path / "store").save("job-1", 1, state).ref
+    probe_times(monkeypatch, direct=[], buffered=[])
+
+    def read_only(folder: Path, data: np.ndarray, use_direct: bool) -> float:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(local_module, "_timed_probe_write", read_only)
+    store = LocalStore(tmp_path / "store")
+    assert store.direct
+    assert local_module._DIRECT_CHOICE == {}  # measured again where it can be
+    assert_same_state(state, store.load(ref).state)
