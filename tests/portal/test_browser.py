@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -55,12 +56,16 @@ def page(browser: Any) -> Any:
 
 
 def new_page(browser: Any) -> Any:
-    """A page in a context of its own (its own cookies: one user per page)."""
+    """A page in a context of its own (its own cookies: one user per page) that records its
+    script errors and every host it asks something of (the pages must work offline)."""
     page = browser.new_context(viewport=VIEWPORT).new_page()
     page.set_default_timeout(30_000)
     errors: list[str] = []
+    hosts: set[str] = set()
     page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("request", lambda request: hosts.add(urlsplit(request.url).netloc))
     page.script_errors = errors
+    page.hosts = hosts
     return page
 
 
@@ -191,6 +196,7 @@ def test_a_user_submits_watches_a_live_migration_and_a_stranger_sees_nothing(
     assert outcome == "refused"
     for watched in (user, ops, stranger):
         assert watched.script_errors == []
+        assert watched.hosts == {urlsplit(stack.base).netloc}
 
 
 def test_the_form_shows_a_field_error_beside_the_field_as_you_type(stack: Stack, page: Any) -> None:
