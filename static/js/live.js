@@ -14,6 +14,7 @@ window.BatonLive = (function () {
     function open() {
       const scheme = location.protocol === "https:" ? "wss" : "ws";
       const socket = new WebSocket(`${scheme}://${location.host}${path}`);
+      api.socket = socket;  // the page's current socket, for the console and the browser test
       socket.onopen = function () {
         setStatus("live", "live");
         retryMs = 1000;
@@ -93,5 +94,6 @@ window.BatonLive = (function () {
     };
   }
 
-  return { connect: connect, describe: describe, item: item, refresher: refresher };
+  const api = { connect: connect, describe: describe, item: item, refresher: refresher, socket: null };
+  return api;
 })();
