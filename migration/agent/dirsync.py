@@ -273,11 +273,14 @@ class DirectorySync:
         same as at the previous look, with no process of the workload writing it (checked
         before and after the look, so a write that opens and closes the file in between is
         not taken for a settled state)."""
-        before = self.writing()
         files = {rel: st for rel, st in snapshot(self.folder).items() if st[0] >= 0}
         with self._watch_lock:
             moved = any(self._quiet.get(rel) != st for rel, st in files.items())
-        busy = before | self.writing() if moved else set()
+        busy: set[str] = set()
+        if moved:
+            busy = self.writing()
+            files = {rel: st for rel, st in snapshot(self.folder).items() if st[0] >= 0}
+            busy |= self.writing()
         with self._watch_lock:
             for rel, st in files.items():
                 if rel not in busy and self._seen.get(rel) == st:
@@ -317,29 +320,26 @@ class DirectorySync:
 
     # -- sync --------------------------------------------------------------------------------
 
-    def _hinted_step(self, excluded: set[str] | frozenset[str] = frozenset()) -> int | None:
+    def _hinted_step(self, files: dict[str, dict[str, Any]]) -> int | None:
+        """The step the recorded `files` hold: the step file's, else the step shown when the
+        newest of them was written."""
         if self.step_file:
             step = read_step_file(self.folder / self.step_file)
             if step is not None:
                 return step
         newest = max(
-            (
-                mtime
-                for rel, (size, mtime) in snapshot(self.folder).items()
-                if size >= 0 and rel not in excluded
-            ),
-            default=None,
+            (int(e["mtime_ns"]) for e in files.values() if e.get("type") == "file"), default=None
         )
         return None if newest is None else self.step_at(newest)
 
-    def _next_step(self, kind: str, excluded: set[str] | frozenset[str] = frozenset()) -> int:
-        """The step to record: the hint, never below the previous sync's step.
+    def _next_step(self, kind: str, files: dict[str, dict[str, Any]]) -> int:
+        """The step to record for `files`: the hint, never below the previous sync's step.
 
         At the previous step, a sync of the same kind replaces that manifest (the newer files
         win); one whose kind sorts before the previous kind (periodic after an emergency
         checkpoint) goes one step higher, so the store's `latest` is always the newest sync.
         """
-        step = self._hinted_step(excluded) or 0
+        step = self._hinted_step(files) or 0
         previous = self.last_ref
         if previous is None or step > previous.step:
             return step
@@ -362,13 +362,14 @@ class DirectorySync:
                 return None  # no file yet: nothing a restore could use
             if not changed and not force:
                 return None
-            step = self._next_step(kind, hold | self.writing())
             try:
                 result = save_directory(
                     self.store,
                     self.job,
                     self.folder,
-                    step,
+                    # The label is chosen from the files the save actually records (a file
+                    # that kept its previous version must not lend the label its new mtime).
+                    lambda files: self._next_step(kind, files),
                     kind,
                     rank=self.rank,
                     world_size=self.world_size,

@@ -79,7 +79,7 @@ def save_directory(
     store: Store,
     job: str,
     root: Path,
-    step: int,
+    step: int | Callable[[dict[str, dict[str, Any]]], int],
     kind: str,
     *,
     rank: int,
@@ -99,11 +99,14 @@ def save_directory(
     died while it changed), and one that kept changing while it was read keep the version the
     parent checkpoint recorded, or are left out when the parent has none (decision 060).
     Without `allow_empty`, a save that would record no file at all raises NothingSettled.
+    `step` may be a function of the files the save records, called just before the commit.
     """
     from .store import _ChunkWriter
 
     started = time.perf_counter()
-    ref = ManifestRef(check_job(job), int(step), check_kind(kind), int(rank))
+    label = step if callable(step) else None
+    first_step = 0 if callable(step) else int(step)
+    ref = ManifestRef(check_job(job), first_step, check_kind(kind), int(rank))
     if not root.is_dir():
         raise StoreError(f"{root} is not a folder")
     parent_ref = ManifestRef.parse(parent) if parent else store.latest(job, rank)
@@ -216,6 +219,8 @@ def save_directory(
     if cancel is not None and cancel():
         raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
     files = dict(sorted(files.items()))
+    if label is not None:
+        ref = ManifestRef(ref.job, int(label(files)), ref.kind, ref.rank)
     return store._commit_save(
         ref,
         writer,
