@@ -485,8 +485,9 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         )
 
     # Emergency save: SIGTERM -> committed manifest. The job saved once before (so its store
-    # and worker threads exist, as in a job that ran for a while), and every training step
-    # changes every chunk since, so the emergency save writes the whole state again.
+    # and worker threads exist, as in a job that ran for a while), a second before the notice
+    # (not right before it: the disk would still be busy with that save), and every training
+    # step changes every chunk since, so the emergency save writes the whole state again.
     def emergency() -> float:
         store = LocalStore(fresh(store_dir))
         ckpt = Checkpointer(store, job="bench", every_seconds=None, every_steps=None)
@@ -497,7 +498,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
             sent.append(time.perf_counter())
             os.kill(os.getpid(), signal.SIGTERM)
 
-        timer = threading.Timer(0.1, notice)
+        timer = threading.Timer(1.0, notice)
         timer.start()
         step = 0
         while not ckpt.should_stop:
