@@ -98,18 +98,6 @@ async def test_events_committed_before_the_resume_are_sent_once_in_order(
     await ws.disconnect()
 
 
-async def test_a_token_in_the_query_string_authenticates(catalogue: Any, alice: Any) -> None:
-    from rest_framework.authtoken.models import Token
-
-    job = await new_job(alice, catalogue)
-    token = await database_sync_to_async(lambda: Token.objects.create(user=alice).key)()
-
-    connected, ws = await connect(f"/ws/jobs/{job.pk}/", token=token)
-
-    assert connected
-    await ws.disconnect()
-
-
 async def test_a_stranger_is_refused_before_the_connection_is_accepted(
     catalogue: Any, alice: Any, bob: Any
 ) -> None:
