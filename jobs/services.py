@@ -19,6 +19,7 @@ from jobs.workloads.catalog import TEMPLATES
 from migration.choices import TimelineKind
 from migration.events import record_event
 from portal.enqueue import enqueue_on_commit
+from portal.files import private_text
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -111,11 +112,7 @@ def demo_password() -> str:
     given = os.environ.get("BATON_DEMO_PASSWORD")
     if given:
         return given
-    path = settings.BATON_DEMO_PASSWORD_FILE
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(12) + "\n")
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return private_text(settings.BATON_DEMO_PASSWORD_FILE, lambda: secrets.token_urlsafe(12))
 
 
 @transaction.atomic
