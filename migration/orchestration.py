@@ -151,6 +151,8 @@ def agent_spec(instance: Instance, token: str, master_port: int) -> AgentSpec:
         "BATON_AGENT_HEARTBEAT_INTERVAL": str(settings.BATON_AGENT_HEARTBEAT_SECONDS),
         "BATON_AGENT_GRACE_PERIOD": str(PLANNED_STOP_GRACE_S),
         "BATON_INSTANCE_ID": str(instance.pk),
+        # A command that ends with status 0 after a notice finished when it reached this.
+        "BATON_AGENT_TOTAL_STEPS": str(job.total_steps),
     }
     if job.checkpoint_every_steps is not None:
         environ["BATON_CHECKPOINT_EVERY_STEPS"] = str(job.checkpoint_every_steps)
