@@ -35,7 +35,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.table import Row, print_table  # noqa: E402
+from bench.tiers import BUCKET, fresh, s3_server  # noqa: E402
 from migration.checkpoint import LocalStore, Store, open_store  # noqa: E402
 from migration.checkpoint.sdk import Checkpointer  # noqa: E402
 
 MIB = 1024 * 1024
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "baton-bench",
-    "AWS_SECRET_ACCESS_KEY": "baton-bench-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 def arrays(state: Any, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
@@ -72,12 +67,6 @@ def changed_bytes(before: dict[str, np.ndarray], state: Any) -> int:
         for path, a in arrays(state)
         if path not in before or not np.array_equal(before[path], a)
     )
-
-
-def fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
 
 
 def timed(run: Callable[[], Any]) -> tuple[float, Any]:
@@ -191,19 +180,6 @@ class DelayLink:
         self.server.close()
 
 
-@contextmanager
-def s3_server(work: Path) -> Iterator[Any]:
-    from tests.migration.checkpoint.s3server import S3Server
-
-    os.environ.update(S3_ENV)
-    server = S3Server(fresh(work / "weed"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def section_restore(args: argparse.Namespace, work: Path) -> list[Row]:
     rng = np.random.default_rng(1)
     layers = max(1, int(args.restore_mb // 16))
@@ -212,10 +188,9 @@ def section_restore(args: argparse.Namespace, work: Path) -> list[Row]:
     with s3_server(work) as server:
         port = int(server.endpoint.rsplit(":", 1)[1])
         link = DelayLink(port, args.latency_ms / 2000)  # half the round trip each way
-        near = open_store("s3://baton-bench/near", endpoint=server.endpoint)
-        near.ensure_bucket()  # type: ignore[attr-defined]
+        near = open_store(f"s3://{BUCKET}/near", endpoint=server.endpoint)
         ref = near.save("bench", 1, state).ref
-        far = open_store("s3://baton-bench/near", endpoint=f"http://127.0.0.1:{link.port}")
+        far = open_store(f"s3://{BUCKET}/near", endpoint=f"http://127.0.0.1:{link.port}")
 
         def restore(store: Store) -> Callable[[], float]:
             return lambda: timed(lambda: store.load(ref))[0]
