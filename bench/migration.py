@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.table import Row, print_table  # noqa: E402
+from bench.table import Row, print_machine, print_table, sections  # noqa: E402
 from migration.compatibility import Rule, hardware_options  # noqa: E402
 from migration.placement import (  # noqa: E402
     PlacementChoice,
@@ -383,14 +383,12 @@ def main() -> int:
         "--keep", action="store_true", help="keep the recovery run's BATON_HOME (logs, database)"
     )
     args = parser.parse_args()
-    names = [n.strip() for n in args.sections.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SECTIONS]
-    if unknown:
-        parser.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
-    print(
-        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; "
-        f"repeats {args.repeats}, state {args.state_mb:g} MiB, "
-        f"provisioning delay {args.provisioning_delay:g} s"
+    names = sections(parser, args.sections, SECTIONS)
+    print_machine(
+        parser,
+        args.repeats,
+        f"state {args.state_mb:g} MiB",
+        f"provisioning delay {args.provisioning_delay:g} s",
     )
     for name in names:
         section, unit, baseline = SECTIONS[name]

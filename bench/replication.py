@@ -26,7 +26,6 @@ baseline's median, measured in the same run.
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import shutil
 import socket
@@ -43,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.table import Row, print_table  # noqa: E402
+from bench.table import Row, print_machine, print_table, sections  # noqa: E402
 from bench.tiers import BUCKET, fresh, s3_server  # noqa: E402
 from migration.checkpoint import LocalStore, Store, open_store  # noqa: E402
 from migration.checkpoint.sdk import Checkpointer  # noqa: E402
@@ -245,15 +244,8 @@ def main() -> int:
     parser.add_argument("--restore-mb", type=float, default=256.0)
     parser.add_argument("--latency-ms", type=float, default=80.0)
     args = parser.parse_args()
-    names = [n.strip() for n in args.sections.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SECTIONS]
-    if unknown:
-        parser.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    print(
-        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; repeats {args.repeats}"
-    )
+    names = sections(parser, args.sections, SECTIONS)
+    print_machine(parser, args.repeats)
     work = Path(tempfile.mkdtemp(prefix="baton-bench-replication-"))
     try:
         for name in names:

@@ -3,7 +3,10 @@ row's median to its baseline's (measured in the same run), and the target when t
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
+import sys
 from dataclasses import dataclass
 
 
@@ -29,3 +32,20 @@ def print_table(title: str, unit: str, rows: list[Row], baseline: str) -> None:
                 f" {'<= ' + format(row.target, 'g'):>8} {'met' if mid <= row.target else 'MISSED'}"
             )
         print(line)
+
+
+def sections(parser: argparse.ArgumentParser, wanted: str, known: dict[str, object]) -> list[str]:
+    """The comma-separated section names asked for; an unknown one is a usage error."""
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {sorted(known)}")
+    return names
+
+
+def print_machine(parser: argparse.ArgumentParser, repeats: int, *more: str) -> None:
+    """The machine and the run's settings, first in every table (at least one repetition)."""
+    if repeats < 1:
+        parser.error("--repeats must be at least 1")
+    details = ", ".join([f"repeats {repeats}", *more])
+    print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; {details}")

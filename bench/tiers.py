@@ -50,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.table import Row, print_table  # noqa: E402
+from bench.table import Row, print_machine, print_table  # noqa: E402
 from migration.checkpoint import LocalStore, Store, open_store  # noqa: E402
 from migration.checkpoint.s3 import S3Store  # noqa: E402
 from migration.checkpoint.sdk import Checkpointer  # noqa: E402
@@ -358,11 +358,7 @@ def main() -> int:
     parser.add_argument("--train-mb", type=float, default=DEFAULTS["train_mb"])
     parser.add_argument("--every-s", type=float, default=DEFAULTS["every_s"])
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    print(
-        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; repeats {args.repeats}"
-    )
+    print_machine(parser, args.repeats)
     work = Path(tempfile.mkdtemp(prefix="baton-bench-tiers-"))
     try:
         with s3_server(work) as server:
