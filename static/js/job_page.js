@@ -13,13 +13,16 @@
   const log = document.getElementById("log");
   const cancel = document.getElementById("cancel-form");
   const FINISHED = ["succeeded", "failed", "cancelled"];
-  // Which phase of a migration each event opens (DESIGN §9's timeline kinds).
+  // The phase of a migration each event begins (it ends the one before): the advance notice
+  // opens the notice, the final notice the emergency checkpoint, its commit the release, the
+  // release the placement, the placement the replica copy, the copy the start, the start the
+  // restore, the restore the validation, and a passed validation the run.
   const PHASE = {
-    notice_advance: "notice", notice_final: "notice", checkpoint_started: "checkpoint",
-    checkpoint_committed: "checkpoint", checkpoint_missed: "checkpoint", released: "release",
-    waiting: "placement", fallback_on_demand: "placement", placement_decided: "placement",
-    replica_ready: "replica", instance_started: "start", restore_done: "restore",
-    rollback: "restore", validation_passed: "validation", validation_failed: "validation",
+    notice_advance: "notice", notice_final: "checkpoint", checkpoint_started: "checkpoint",
+    checkpoint_committed: "release", checkpoint_missed: "release", released: "placement",
+    waiting: "placement", fallback_on_demand: "placement", placement_decided: "replica",
+    replica_ready: "start", instance_started: "restore", rollback: "restore",
+    validation_failed: "restore", restore_done: "validation", validation_passed: "running",
     running: "running", succeeded: "running", failed: "failed", cancelled: "failed",
   };
   const events = [];
@@ -82,7 +85,7 @@
         seg.className = "phase phase-" + s.phase;
         seg.style.flexGrow = String(Math.max(took, 0.05));
         seg.textContent = s.phase;
-        seg.title = `${s.phase}: ${seconds(took)} (${s.kinds.join(", ").replace(/_/g, " ")})`;
+        seg.title = `${s.phase}: ${seconds(took)} (from ${s.kinds[0].replace(/_/g, " ")})`;
         bar.appendChild(seg);
       });
       row.appendChild(label);

@@ -53,6 +53,8 @@ window.BatonLive = (function () {
         return [d.source && `from ${d.source}`, d.rank !== undefined && `rank ${d.rank}`, next, d.reason]
           .filter(Boolean).join(" · ");
       }
+      case "succeeded":
+        return `step ${d.step} · validation loss ${Number(d.val_loss).toPrecision(5)}`;
       case "restore_done":
         return `from step ${d.step}`;
       case "instance_started":
