@@ -28,6 +28,13 @@ if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
 
+@pytest.fixture(autouse=True)
+def own_stores(settings: Any, tmp_path: Path) -> None:
+    """Checkpoint stores of the test's own (a worker it starts gets them too): job ids start
+    again in every test, and a job must never find another test's checkpoints under its id."""
+    settings.BATON_STORE_ROOT = tmp_path / "stores"
+
+
 @pytest.fixture
 def make_user(django_user_model: Any) -> Callable[..., Any]:
     def make(username: str, staff: bool = False, perms: tuple[str, ...] = ()) -> Any:
@@ -181,6 +188,7 @@ def running_worker(**extra_env: str) -> Iterator[subprocess.Popen[bytes]]:
         os.environ,
         DJANGO_SETTINGS_MODULE="tests.settings",
         BATON_TEST_DATABASE_NAME=str(name),
+        BATON_STORE_ROOT=str(settings.BATON_STORE_ROOT),
         **extra_env,
     )
     log = open(Path(settings.BATON_HOME) / "test-worker.log", "ab")  # noqa: SIM115

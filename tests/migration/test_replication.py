@@ -33,13 +33,6 @@ BASE_MB = 8  # frozen, like a pretrained base
 ADAPTER_FLOATS = 64 * 1024  # trained: 256 KiB a tensor, two of them
 
 
-@pytest.fixture(autouse=True)
-def own_stores(settings: Any, tmp_path: Path) -> None:
-    """Region stores of the test's own: job ids start again in every test, and another test's
-    job 1 must never find these checkpoints."""
-    settings.BATON_STORE_ROOT = tmp_path / "stores"
-
-
 @pytest.fixture
 def regions(catalogue: dict[str, Any]) -> dict[str, Region]:
     """Three regions with T4 spot capacity; the latency matrix makes us-west-2 nearer to
