@@ -95,3 +95,12 @@ def pool_trace_names(pool: CapacityPool) -> list[str]:
     for name, count in rows.values_list("trace", "ticks"):
         ticks[name.split("#", 1)[0]] += count
     return sorted(ticks, key=lambda name: (-ticks[name], name))
+
+
+def rate_source(history: SpotPoolHistory | None, rate: float) -> tuple[str, list[str]]:
+    """Where a spot pool's interruption rate comes from, and what it borrowed from: its history
+    (`history`, `borrowed`, `default`) while the pool's rate is the derived one, else `pool`
+    (set on the pool by hand)."""
+    if history is not None and history.interruption_rate_per_hour == rate:
+        return history.source, list(history.borrowed_from)
+    return "pool", []

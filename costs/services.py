@@ -259,21 +259,17 @@ def estimate_input(job: Job) -> EstimateInput | None:
     judged = seen.spot.pool if isinstance(seen.spot, PlacementChoice) else seen.spot_fit
     history = selectors.spot_pool_history(judged.id) if judged else None
     figures: dict[str, Any] = {}
-    if (
-        judged is not None
-        and history is not None
-        and history.interruption_rate_per_hour == judged.interruption_rate_per_hour
-    ):
-        figures = {
-            "mean_outage_hours": history.mean_outage_hours,
-            "uptime_cv": history.uptime_cv,
-            "outage_cv": history.outage_cv,
-            "interruption_rate_source": history.source,
-            "interruption_rate_borrowed_from": tuple(history.borrowed_from),
-            "history_hours": history.history_hours,
-        }
-    elif judged is not None:  # a rate set on the pool by hand, not derived from history
-        figures = {"interruption_rate_source": "pool"}
+    if judged is not None:
+        source, borrowed = selectors.rate_source(history, judged.interruption_rate_per_hour)
+        figures = {"interruption_rate_source": source}
+        if history is not None and source != "pool":  # the figures derived with the rate
+            figures.update(
+                mean_outage_hours=history.mean_outage_hours,
+                uptime_cv=history.uptime_cv,
+                outage_cv=history.outage_cv,
+                interruption_rate_borrowed_from=tuple(borrowed),
+                history_hours=history.history_hours,
+            )
     # With the market simulator on, spot is interrupted on its compressed clock: the job meets
     # `scale` times more interruptions per hour of the clock, each outage `scale` times shorter.
     scale = settings.BATON_MARKET_TIME_SCALE or 1.0

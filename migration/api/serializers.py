@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from costs.selectors import rate_source
+from migration.choices import Market
 from migration.models import (
     CapacityPool,
     Checkpoint,
@@ -22,6 +24,25 @@ class PoolSerializer(serializers.ModelSerializer):
     free = serializers.IntegerField(read_only=True)
     mean_price_per_hour = serializers.FloatField(read_only=True, allow_null=True)
     mean_time_between_interruptions_hours = serializers.SerializerMethodField()
+    interruption_rate_source = serializers.SerializerMethodField(
+        help_text="history, borrowed (interruption_rate_borrowed_from), default, or pool (set "
+        "on the pool by hand); null for on-demand"
+    )
+    interruption_rate_borrowed_from = serializers.SerializerMethodField()
+
+    def _rate_source(self, pool: CapacityPool) -> tuple[str, list[str]] | None:
+        if pool.market != Market.SPOT:
+            return None
+        history = getattr(pool, "spot_history", None)
+        return rate_source(history, pool.interruption_rate_per_hour)
+
+    def get_interruption_rate_source(self, pool: CapacityPool) -> str | None:
+        found = self._rate_source(pool)
+        return found[0] if found else None
+
+    def get_interruption_rate_borrowed_from(self, pool: CapacityPool) -> list[str]:
+        found = self._rate_source(pool)
+        return found[1] if found else []
 
     def get_mean_time_between_interruptions_hours(self, pool: CapacityPool) -> float | None:
         rate = pool.interruption_rate_per_hour
@@ -41,6 +62,8 @@ class PoolSerializer(serializers.ModelSerializer):
             "capacity",
             "free",
             "interruption_rate_per_hour",
+            "interruption_rate_source",
+            "interruption_rate_borrowed_from",
             "mean_time_between_interruptions_hours",
             "mean_price_per_hour",
             "backend",

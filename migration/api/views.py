@@ -27,7 +27,7 @@ class PoolViewSet(viewsets.ReadOnlyModelViewSet):
             CapacityPool.objects.with_free()
             .with_mean_price()
             .filter(enabled=True)
-            .select_related("region", "accelerator")
+            .select_related("region", "accelerator", "spot_history")
         )
 
 

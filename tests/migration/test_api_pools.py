@@ -104,3 +104,31 @@ def test_pools_show_figures_derived_from_history(
     assert listed[pool.pk]["mean_price_per_hour"] == pytest.approx(0.95)
     assert listed[pool.pk]["mean_time_between_interruptions_hours"] == 2.0
     assert listed[catalogue["pools"]["t4_od"].pk]["mean_time_between_interruptions_hours"] is None
+
+
+def test_a_pool_says_where_its_interruption_rate_comes_from(
+    catalogue: Any, alice: Any, client_for: Any
+) -> None:
+    from costs.models import SpotPoolHistory
+
+    pools = catalogue["pools"]
+    borrowed = pools["t4_spot"]
+    borrowed.interruption_rate_per_hour = 0.47
+    borrowed.save()
+    SpotPoolHistory.objects.create(
+        pool=borrowed,
+        source="borrowed",
+        borrowed_from=["V100-16GB in us-east-1"],
+        interruption_rate_per_hour=0.47,
+    )
+    by_hand = pools["a10g_spot"]
+    SpotPoolHistory.objects.create(pool=by_hand, source="default", interruption_rate_per_hour=0.9)
+
+    listed = {p["id"]: p for p in client_for(alice).get("/api/pools/").json()}
+
+    assert listed[borrowed.pk]["interruption_rate_source"] == "borrowed"
+    assert listed[borrowed.pk]["interruption_rate_borrowed_from"] == ["V100-16GB in us-east-1"]
+    assert (
+        listed[by_hand.pk]["interruption_rate_source"] == "pool"
+    )  # its rate is not the derived one
+    assert listed[pools["t4_od"].pk]["interruption_rate_source"] is None
