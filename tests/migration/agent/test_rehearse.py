@@ -38,8 +38,10 @@ def test_an_atomic_script_interrupted_at_a_chosen_time_resumes(tmp_path: Path) -
 def test_a_script_saving_in_place_interrupted_mid_write_resumes_from_the_previous_version(
     tmp_path: Path,
 ) -> None:
+    # Saves ~0.6 s apart: between two of them the file settles (two looks 0.25 s apart with no
+    # writer), so a previous version exists when the notice lands mid-write.
     command = [
-        sys.executable, str(SCRIPT), "--steps", "100000", "--every", "40", "--size-mb", "8",
+        sys.executable, str(SCRIPT), "--steps", "100000", "--every", "120", "--size-mb", "8",
         "--checkpoint", "{checkpoint_dir}/ckpt.bin", "--write-pause-ms", "5",
     ]  # fmt: skip
     result = rehearse(
