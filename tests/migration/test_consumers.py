@@ -3,6 +3,7 @@ resume protocol (missed events, then live ones, nothing lost or sent twice)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -37,7 +38,17 @@ async def connect(
         path += f"?token={token}"
     communicator = WebsocketCommunicator(application, path, headers=headers)
     connected, _ = await communicator.connect(timeout=5)
+    if not connected:
+        await end_refused(communicator)
     return connected, communicator
+
+
+async def end_refused(communicator: WebsocketCommunicator) -> None:
+    """A refused consumer still listens on its channel until told the socket is gone (and does
+    not finish at once even then): end it now, inside the test, not when the test's event loop
+    is torn down, where cancelling its channel read has hung a whole test run."""
+    with contextlib.suppress(Exception):
+        await communicator.disconnect(timeout=1)
 
 
 @database_sync_to_async

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from portal.asgi import application
 from portal.tokens import issue_api_token
 from tests.conftest import submit
+from tests.migration.test_consumers import end_refused
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -26,6 +27,8 @@ async def connects(path: str, *headers: tuple[bytes, bytes]) -> bool:
     connected, _ = await communicator.connect(timeout=5)
     if connected:
         await communicator.disconnect()
+    else:
+        await end_refused(communicator)
     return bool(connected)
 
 
