@@ -16,6 +16,7 @@ from migration.models import Checkpoint, LogLine
 from portal.asgi import application
 from portal.tokens import issue_api_token
 from tests.conftest import job_body, placed_instance
+from tests.migration.test_consumers import end_refused
 
 pytestmark = pytest.mark.django_db
 
@@ -103,4 +104,5 @@ async def test_neither_websocket_lets_bob_watch_alices_jobs(alices: Any, bob: An
     for path in (f"/ws/jobs/{alices.job_id}/", "/ws/fleet/"):
         communicator = WebsocketCommunicator(application, path, headers=headers)
         connected, _ = await communicator.connect(timeout=5)
+        await end_refused(communicator)
         assert not connected, path
