@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
 from costs.estimator import (
     EstimateInput,
@@ -40,21 +41,53 @@ class PriceSeries:
     price: Sequence[float]
 
 
+# At most this many samples a pool: the history is a snapshot, and the chart says so.
+SNAPSHOT_SAMPLES = 2
+
+
 def price_history(series: Sequence[PriceSeries]) -> dict[str, Any]:
-    """Spot price over time, one step line per pool."""
-    fig = go.Figure(
-        [
+    """Spot price over time: one step line per pool through every recorded sample, dotted on
+    from its last sample to the newest sample of any pool (its price held: nothing newer was
+    recorded). A history of a snapshot or two says how to record more."""
+    ends = [s.at[-1] for s in series if s.at]
+    end = max(ends) if ends else None
+    colours = qualitative.Plotly
+    traces = []
+    for n, s in enumerate(series):
+        line = {"shape": "hv", "color": colours[n % len(colours)]}
+        traces.append(
             go.Scatter(
                 x=list(s.at),
                 y=list(s.price),
                 name=s.label,
                 mode="lines+markers",
-                line={"shape": "hv"},
+                line=line,
+                legendgroup=s.label,
             )
-            for s in series
-        ]
-    )
-    return _figure(fig, "Spot price history", yaxis_title="USD per instance-hour")
+        )
+        if s.at and end is not None and s.at[-1] < end:
+            traces.append(
+                go.Scatter(
+                    x=[s.at[-1], end],
+                    y=[s.price[-1]] * 2,
+                    mode="lines",
+                    line={**line, "dash": "dot"},
+                    legendgroup=s.label,
+                    showlegend=False,
+                    hoverinfo="skip",
+                )
+            )
+    title = "Spot price history"
+    snapshot = bool(series) and max(len(s.at) for s in series) <= SNAPSHOT_SAMPLES
+    if snapshot:
+        title += (
+            "<br><sup>A snapshot, not yet a history: record more with import_spot_prices, "
+            "or AWS credentials for the hourly refresh</sup>"
+        )
+    figure = _figure(go.Figure(traces), title, yaxis_title="USD per instance-hour")
+    if snapshot:
+        figure["layout"]["margin"] = {**figure["layout"]["margin"], "t": 60}
+    return figure
 
 
 def interruption_rates(labels: Sequence[str], rates: Sequence[float]) -> dict[str, Any]:

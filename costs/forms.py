@@ -18,7 +18,9 @@ class WhatIfForm(forms.Form):
     )
     nodes = forms.IntegerField(min_value=1, max_value=64, initial=1)
     work_hours = forms.FloatField(min_value=0.01, max_value=MAX_WORK_HOURS, initial=48.0)
-    checkpoint_gb = forms.FloatField(min_value=0.001, max_value=MAX_CHECKPOINT_GB, initial=10.0)
+    checkpoint_gb = forms.FloatField(
+        label="Checkpoint size (GB)", min_value=0.001, max_value=MAX_CHECKPOINT_GB, initial=10.0
+    )
     tolerance = forms.ChoiceField(choices=Tolerance.choices, initial=Tolerance.BALANCED)
 
 
