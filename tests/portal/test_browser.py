@@ -2,10 +2,12 @@
 system, as a new user would try it: sign in, fill the form and watch the estimate appear,
 submit, open the job page, have staff interrupt its instance from the fleet page, watch the
 migration's phases appear live and the job finish; a stranger cannot see the job. Each page
-is saved as a screenshot in docs/screenshots/ (the README shows them)."""
+is saved as a screenshot in the run's own folder, or in BATON_SCREENSHOTS when set
+(`BATON_SCREENSHOTS=docs/screenshots make test` refreshes the ones the README shows)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -20,7 +22,9 @@ import pytest
 from tests.portal.conftest import DEMO_PASSWORD, ROOT, Stack
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+SCREENSHOTS = ROOT / os.environ.get(
+    "BATON_SCREENSHOTS", str(Path(os.environ.get("BATON_TEST_HOME", "var")) / "screenshots")
+)
 # A laptop's screen.
 VIEWPORT = {"width": 1366, "height": 860}
 
