@@ -144,7 +144,7 @@ def test_plain_text_tokens_of_an_older_install_become_hashes(alice: Any) -> None
     with connection.cursor() as cursor:  # the table DRF's authtoken app left behind
         cursor.execute(
             "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, "
-            "created datetime NOT NULL, user_id integer NOT NULL)"
+            "created timestamp with time zone NOT NULL, user_id integer NOT NULL)"
         )
         cursor.execute(
             "INSERT INTO authtoken_token VALUES (%s, %s, %s)",
