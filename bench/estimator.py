@@ -3,7 +3,8 @@ against what replays realised, over windows of every spot trace in a folder.
 
     .venv/bin/python bench/estimator.py [--traces DIR] [--task-hours 48] [--deadline-hours 52]
         [--restart-hours 0.1] [--history-hours 168] [--split all|tuning|holdout]
-        [--conservative-max-rate R] [--balanced-safety N] [--workers N] [--quick]
+        [--conservative-max-rate R] [--balanced-safety N] [--return-after-restarts N]
+        [--workers N] [--quick]
 
 No Django. ``--traces`` is any folder of traces in the shared format (default: the shared
 data), searched recursively, whatever the files' names. Every constant Baton chose from traces
@@ -11,7 +12,8 @@ data), searched recursively, whatever the files' names. Every constant Baton cho
 keeps: decision 052) was chosen on the *tuning half* of the shared traces, ``TUNING_TRACES``;
 the table reports the tuning half (in-sample) and every other trace (out-of-sample) apart.
 On a folder of one's own every trace is out-of-sample. ``--split`` runs one half only, and
-``--conservative-max-rate`` / ``--balanced-safety`` replace a constant, for choosing them.
+``--conservative-max-rate`` / ``--balanced-safety`` / ``--return-after-restarts`` replace a
+constant, for choosing them.
 
 For every trace, windows of ``deadline`` hours start every 24 h (every 12 h on the
 7-day preemption traces) after the first 24 h, which are history only. In every window:
@@ -46,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costs import policies  # noqa: E402
+from costs import market, policies  # noqa: E402
 from costs.estimator import EstimateInput, estimate  # noqa: E402
 from costs.policies import TOLERANCES  # noqa: E402
 from costs.replay import (  # noqa: E402
@@ -275,6 +277,11 @@ def main() -> None:
     parser.add_argument("--split", choices=["all", "tuning", "holdout"], default="all")
     parser.add_argument("--conservative-max-rate", type=float, help="replace the constant")
     parser.add_argument("--balanced-safety", type=float, help="restarts of slack kept")
+    parser.add_argument(
+        "--return-after-restarts",
+        type=float,
+        help="how long spot must hold, in restarts, before a job behind plan leaves on-demand",
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="a quarter of the windows")
     args = parser.parse_args()
@@ -285,6 +292,8 @@ def main() -> None:
         policies.CONSERVATIVE_MAX_INTERRUPTIONS_PER_HOUR = args.conservative_max_rate
     if args.balanced_safety is not None:
         policies.SAFETY_RESTARTS[policies.BALANCED] = args.balanced_safety
+    if args.return_after_restarts is not None:
+        market.RETURN_AFTER_RESTARTS = args.return_after_restarts
 
     tasks, skipped = _tasks(args)
     if not tasks:

@@ -50,6 +50,7 @@ from costs.market import (
     WAIT,
     deadline_action,
     planned_rate,
+    return_after_hours,
 )
 
 # Snapshot written to the instance's local disk; the upload to the store runs in the
@@ -470,6 +471,8 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
     over = np.zeros(n)
     run_work = np.zeros(n)
     wait_since = np.zeros(n)
+    # When the current spell of available spot began (-inf: before the start, long enough).
+    up_since = np.full(n, -math.inf)
     cost = np.zeros(n)
     spot_hours = np.zeros(n)
     od_hours = np.zeros(n)
@@ -494,6 +497,7 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
                 market,
                 up,
                 safety_restarts=inp.safety_restarts,
+                spot_up_hours=t - up_since,
             )
         else:
             fallback = (market == ON_DEMAND) | (t - wait_since >= max_wait)
@@ -524,6 +528,14 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
                 to_rule = np.where(
                     idle, np.minimum(to_rule, np.maximum(to_plan, 0.0) + nudge), to_rule
                 )
+                # A job on on-demand held back from a spell too recent: it returns when the
+                # spell has lasted long enough or when it has caught up with its plan.
+                if rho < 1.0:
+                    to_held = up_since + return_after_hours(restart) - t
+                    to_caught_up = over + (rem - rho * (deadline - t - over)) / (1.0 - rho)
+                    held = (market == ON_DEMAND) & up & (to_held > 0) & (to_caught_up > 0)
+                    to_release = np.minimum(to_held, to_caught_up) + nudge
+                    to_rule = np.where(held, np.minimum(to_rule, to_release), to_rule)
         elif math.isfinite(max_wait):
             to_wait = wait_since + max_wait - t
             to_rule = np.where(idle, np.maximum(to_wait, 0.0) + nudge, math.inf)
@@ -563,6 +575,7 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
             fresh = np.where(up, downs.take(), ups.take())
             spell_end = np.where(flip, t + fresh, spell_end)
             up = up ^ flip
+            up_since = np.where(flip & up, t, up_since)
             wait_since = np.where(flip & ~up & (market == WAIT), t, wait_since)
 
     return _Runs(cost, finish, interruptions, lost, spot_hours, od_hours)

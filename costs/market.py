@@ -14,7 +14,10 @@ job's life instead of first-come-first-served ("uniform progress", after the NSD
    this is for good.
 2. Spot whenever spot is available; the job stays on it until it is preempted. A job on
    on-demand moves back to spot as soon as spot is available again (the slack allows it, or
-   rule 1 would hold it).
+   rule 1 would hold it) -- unless it is behind its plan and spot has been available for less
+   than ``RETURN_AFTER_RESTARTS`` restarts: a round trip to spot and back costs two restarts of
+   slack, and a job behind its plan has already spent its slack faster than planned, so it
+   waits on on-demand until the spell has lasted long enough to be likely to pay them back.
 3. Spot unavailable: a job already on on-demand stays there until spot is back (leaving it to
    wait would pay a restart twice); an idle job behind its plan starts on-demand to catch up; an
    idle job on or ahead of its plan waits for spot.
@@ -32,6 +35,8 @@ and idling from on-demand both measured worse.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 WAIT = 0
@@ -47,6 +52,12 @@ MARKET_OF_CODE: dict[int, str | None] = {v: k for k, v in CODE_OF_MARKET.items()
 # Slack kept back for restarts before the job commits to on-demand: one to move to on-demand
 # after a preemption, one as a margin for a restart that runs long.
 SAFETY_RESTARTS = 2.0
+# A job on on-demand that is behind its plan returns to spot only after spot has been available
+# this many restarts without a break (decision 052: chosen on the tuning half of the traces; at
+# V100 prices a spell must last about 0.39 h, 3.9 restarts of 0.1 h, to pay back the two restarts
+# of a round trip and the slack they take, and the shared traces' spells that outlive 0.3 h last
+# 0.7-5 h more on average).
+RETURN_AFTER_RESTARTS = 3.0
 # Float slack in hour comparisons, so a threshold reached exactly counts as reached.
 EPSILON_HOURS = 1e-9
 
@@ -72,6 +83,7 @@ def deadline_action(
     step_hours: float = 0.0,
     safety_restarts: float = SAFETY_RESTARTS,
     restart_left_hours: np.ndarray | float = 0.0,
+    spot_up_hours: np.ndarray | float = np.inf,
 ) -> np.ndarray:
     """What a deadline job should do next: ``WAIT``, ``SPOT`` or ``ON_DEMAND`` (element-wise).
 
@@ -79,8 +91,9 @@ def deadline_action(
     ``restart_left_hours`` what is left of its current start's overhead. ``step_hours`` is how
     long the decision holds before the next one (a replay tick; 0 in continuous time): the safety
     net asks whether, *after* that step, on-demand could still finish with the kept restarts, so
-    a step on spot counts the work it does. ``deadline_action_scalar`` is the same rule for one
-    job, without numpy's per-call cost.
+    a step on spot counts the work it does. ``spot_up_hours`` is how long spot has been available
+    without a break (``inf`` when unknown: a job on on-demand is then never held back).
+    ``deadline_action_scalar`` is the same rule for one job, without numpy's per-call cost.
     """
     rem = np.asarray(remaining_work_hours, dtype=float)
     left = np.asarray(hours_to_deadline, dtype=float) - step_hours
@@ -94,7 +107,12 @@ def deadline_action(
     wait_ok = left >= rem + reserve
     behind_plan = (rate > 0) & (rem > rate * left + EPSILON_HOURS)
     outage = np.where(wait_ok & (now != ON_DEMAND) & ~behind_plan, WAIT, ON_DEMAND)
-    return np.where(spot, np.where(spot_ok, SPOT, ON_DEMAND), outage)
+    held_back = (
+        (now == ON_DEMAND)
+        & behind_plan
+        & ~spot_held_long_enough(np.asarray(spot_up_hours, dtype=float), restart)
+    )
+    return np.where(spot, np.where(spot_ok & ~held_back, SPOT, ON_DEMAND), outage)
 
 
 def deadline_action_scalar(
@@ -107,19 +125,45 @@ def deadline_action_scalar(
     step_hours: float = 0.0,
     safety_restarts: float = SAFETY_RESTARTS,
     restart_left_hours: float = 0.0,
+    spot_up_hours: float = math.inf,
 ) -> int:
     """``deadline_action`` for one job (the policies call this once per decision)."""
     left = hours_to_deadline - step_hours
     reserve = safety_restarts * restart_hours - EPSILON_HOURS
+    behind_plan = planned_rate > 0 and remaining_work_hours > planned_rate * left + EPSILON_HOURS
     if spot_available:
         overhead = restart_left_hours if market_now == SPOT else restart_hours
         progress = max(step_hours - overhead, 0.0)
-        return SPOT if left >= remaining_work_hours - progress + reserve else ON_DEMAND
+        if left < remaining_work_hours - progress + reserve:
+            return ON_DEMAND
+        if (
+            market_now == ON_DEMAND
+            and behind_plan
+            and not spot_held_long_enough(spot_up_hours, restart_hours)
+        ):
+            return ON_DEMAND
+        return SPOT
     if left < remaining_work_hours + reserve or market_now == ON_DEMAND:
         return ON_DEMAND
-    if planned_rate > 0 and remaining_work_hours > planned_rate * left + EPSILON_HOURS:
+    if behind_plan:
         return ON_DEMAND
     return WAIT
+
+
+def spot_held_long_enough(
+    spot_up_hours: np.ndarray | float,
+    restart_hours: np.ndarray | float,
+) -> np.ndarray | bool:
+    """Whether spot has been available long enough (``return_after_hours``) for a job on
+    on-demand that is behind its plan to return to it."""
+    return spot_up_hours >= return_after_hours(restart_hours) - EPSILON_HOURS
+
+
+def return_after_hours(restart_hours: np.ndarray | float) -> np.ndarray | float:
+    """How long spot must have been available, without a break, before a job on on-demand
+    that is behind its plan returns to it: ``RETURN_AFTER_RESTARTS`` restarts (read at call
+    time, so the benchmark can replace it)."""
+    return RETURN_AFTER_RESTARTS * restart_hours
 
 
 def safety_net_reached(

@@ -48,7 +48,9 @@ Tolerances:
 The deadline rule is ``costs.market.deadline_action``: spot while available and the slack covers
 the remaining work plus the kept restarts; on-demand when the slack is gone (for good) or, with
 spot unavailable, when the job falls behind its uniform-progress plan; back to spot as soon as
-spot returns and the slack allows.
+spot returns and the slack allows -- for a job behind its plan, once spot has been available for
+``costs.market.RETURN_AFTER_RESTARTS`` restarts (``spot_available_hours``; not held back when
+unknown).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from costs.market import (
     SPOT,
     deadline_action_scalar,
     planned_rate,
+    return_after_hours,
     safety_net_reached,
 )
 
@@ -90,6 +93,8 @@ class MarketSituation:
     them the plan starts now. ``decision_step_hours`` is how long the decision holds before the
     next one (the replay's tick; placement's re-evaluation period), which the safety net reserves;
     ``restart_left_hours`` what remains of the current start's overhead (0 at placement).
+    ``spot_available_hours`` is how long spot has been available without a break (None when
+    unknown: a job on on-demand behind its plan is then not held back from spot).
     """
 
     tolerance: str
@@ -111,6 +116,7 @@ class MarketSituation:
     lost_hours_per_interruption: float = 0.0
     decision_step_hours: float = 0.0
     restart_left_hours: float = 0.0
+    spot_available_hours: float | None = None
 
     def __post_init__(self) -> None:
         if self.tolerance not in TOLERANCES:
@@ -218,6 +224,7 @@ def _with_deadline(s: MarketSituation) -> MarketDecision:
         step_hours=s.decision_step_hours,
         safety_restarts=safety,
         restart_left_hours=s.restart_left_hours,
+        spot_up_hours=math.inf if s.spot_available_hours is None else s.spot_available_hours,
     )
     if code == ON_DEMAND:
         overhead = (
@@ -238,13 +245,23 @@ def _with_deadline(s: MarketSituation) -> MarketDecision:
                 f"{safety:g} restarts of {_h(s.restart_overhead_hours)}; on-demand to the end.",
                 rule="safety_net",
             )
+        behind = s.remaining_work_hours - rate * s.hours_to_deadline
+        if s.current_market == MARKET_ON_DEMAND and s.spot_available:
+            held = s.spot_available_hours or 0.0
+            return MarketDecision(
+                MARKET_ON_DEMAND,
+                f"Spot is back, but only for {_h(held)}, and the job is {_h(behind)} behind its "
+                f"plan: it stays on on-demand until spot has held for "
+                f"{_h(float(return_after_hours(s.restart_overhead_hours)))}, as a shorter spell "
+                "would not pay back the two restarts of going to spot and back.",
+                rule="spot_too_recent",
+            )
         if s.current_market == MARKET_ON_DEMAND:
             return MarketDecision(
                 MARKET_ON_DEMAND,
                 "Spot is still unavailable: the job stays on on-demand until it returns.",
                 rule="stay_on_demand",
             )
-        behind = s.remaining_work_hours - rate * s.hours_to_deadline
         return MarketDecision(
             MARKET_ON_DEMAND,
             f"Spot is unavailable and the job is {_h(behind)} behind its plan to finish by "

@@ -116,6 +116,7 @@ class ReplayState:
     preemptions: int
     waited_hours: float  # since the job last ran on spot (or since it started)
     restart_left_hours: float = 0.0  # of the held market's current start
+    spot_up_hours: float = math.inf  # spot available without a break before this tick
 
 
 # A policy maps the state to the market for the tick: "spot", "on_demand" or None (wait).
@@ -222,8 +223,11 @@ def replay(
     cost = spot_hours = od_hours = 0.0
     preemptions = restarts = 0
     waited_since = 0
+    up_since = 0  # first tick of the current run of available ticks
     finish: float | None = None if w > 0 else 0.0
     while finish is None and t < horizon:
+        if not avail[t] or (t > 0 and not avail[t - 1]):
+            up_since = t
         if market == MARKET_SPOT and not avail[t]:
             preemptions += 1
             market = None
@@ -242,6 +246,7 @@ def replay(
             preemptions=preemptions,
             waited_hours=(t - waited_since) * g,
             restart_left_hours=o * grid.unit_hours if market is not None else 0.0,
+            spot_up_hours=(t - up_since) * g if avail[t] else 0.0,
         )
         choice = policy(state)
         if choice == MARKET_SPOT and not avail[t]:
@@ -353,6 +358,7 @@ def make_tolerance_policy(
                 max_wait_hours=max_wait_hours,
                 decision_step_hours=state.tick_hours,
                 restart_left_hours=state.restart_left_hours,
+                spot_available_hours=state.spot_up_hours,
             )
         )
         if decisions is not None:

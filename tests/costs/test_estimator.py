@@ -22,6 +22,7 @@ from costs.estimator import (
     spot_cost_curve,
     young_daly_interval_seconds,
 )
+from costs.market import return_after_hours
 
 
 def finite(value: float | None) -> float:
@@ -301,6 +302,35 @@ def test_a_deadline_on_spot_is_met_by_moving_to_on_demand_in_time() -> None:
     assert result.spot.deadline_met_probability == 1.0
     assert finite(result.spot.p90_hours) <= 22
     assert result.spot.expected_on_demand_hours > 0
+
+
+def test_the_monte_carlo_holds_a_job_behind_its_plan_on_on_demand_until_spot_lasts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 20 h of work in 22 h, 0.2 h restarts; spot is away now, comes back within about 1.5 h
+    # and then stays. The job starts on-demand at once (behind its plan) and is still behind
+    # when spot returns, so under the rule placement applies it stays on on-demand until spot
+    # has held for the gate (0.6 h) -- the simulated on-demand time shows exactly that wait.
+    inp = _input(
+        work_hours=20,
+        deadline_hours=22,
+        migration_overhead_hours=0.2,
+        interruption_rate_per_hour=0.001,
+        mean_outage_hours=1.5,
+        outage_cv=0.1,
+        spot_available_now=False,
+        checkpoint_gb=0.0,
+        emergency_miss_share=0.0,
+    )
+    held = estimate(inp).spot
+    monkeypatch.setattr("costs.market.RETURN_AFTER_RESTARTS", 0.0)
+    at_once = estimate(inp).spot
+    assert held.deadline_met_probability == at_once.deadline_met_probability == 1.0
+    monkeypatch.undo()
+    gate = float(return_after_hours(0.2))
+    assert held.expected_on_demand_hours - at_once.expected_on_demand_hours == pytest.approx(
+        gate, abs=0.05
+    )
 
 
 def test_it_recommends_on_demand_when_spot_would_never_finish() -> None:

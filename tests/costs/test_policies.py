@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costs.market import ON_DEMAND, SPOT, WAIT, deadline_action, deadline_action_scalar
+from costs.market import (
+    ON_DEMAND,
+    RETURN_AFTER_RESTARTS,
+    SPOT,
+    WAIT,
+    deadline_action,
+    deadline_action_scalar,
+)
 from costs.policies import (
     CONSERVATIVE_MAX_INTERRUPTIONS_PER_HOUR,
     MarketSituation,
@@ -168,6 +177,47 @@ def test_a_job_on_on_demand_stays_there_while_spot_is_away() -> None:
     assert (decision.market, decision.rule) == ("on_demand", "stay_on_demand")
 
 
+def _on_demand_with_spot_back(**overrides: object) -> MarketSituation:
+    # 20 h of work in 25 h: the plan is 0.8 h of work an hour. 15 h before the deadline the
+    # plan has 12 h of work left; the job has 13 h left, so it is 1 h behind its plan.
+    fields: dict[str, object] = {
+        "current_market": "on_demand",
+        "remaining_work_hours": 13,
+        "hours_to_deadline": 15,
+        "total_work_hours": 20,
+        "total_hours_to_deadline": 25,
+    }
+    fields.update(overrides)
+    return _situation(**fields)
+
+
+def test_a_job_behind_its_plan_stays_on_on_demand_while_spot_is_only_just_back() -> None:
+    gate = RETURN_AFTER_RESTARTS * 0.1
+    decision = decide_market(_on_demand_with_spot_back(spot_available_hours=gate / 2))
+    assert (decision.market, decision.rule) == ("on_demand", "spot_too_recent")
+    assert "behind its plan" in decision.reason
+    decision = decide_market(_on_demand_with_spot_back(spot_available_hours=gate))
+    assert (decision.market, decision.rule) == ("spot", "spot_with_slack")
+
+
+def test_a_job_on_or_ahead_of_its_plan_returns_to_spot_at_once() -> None:
+    decision = decide_market(
+        _on_demand_with_spot_back(remaining_work_hours=11, spot_available_hours=0.0)
+    )
+    assert (decision.market, decision.rule) == ("spot", "spot_with_slack")
+
+
+def test_when_nobody_knows_how_long_spot_has_been_back_the_job_returns_at_once() -> None:
+    decision = decide_market(_on_demand_with_spot_back(spot_available_hours=None))
+    assert (decision.market, decision.rule) == ("spot", "spot_with_slack")
+
+
+def test_the_wait_for_a_lasting_spell_scales_with_the_restart() -> None:
+    # Two restarts of 0.5 h pass for a 0.1 h restart's gate but not for a 0.5 h one.
+    assert deadline_action_scalar(13, 15, 0.8, 0.1, ON_DEMAND, True, spot_up_hours=1.0) == SPOT
+    assert deadline_action_scalar(13, 15, 0.8, 0.5, ON_DEMAND, True, spot_up_hours=1.0) == ON_DEMAND
+
+
 def test_a_job_that_forbids_on_demand_waits_even_near_its_deadline() -> None:
     decision = decide_market(
         _situation(spot_available=False, hours_to_deadline=10.01, allow_on_demand=False)
@@ -191,6 +241,7 @@ def test_an_unknown_tolerance_is_refused() -> None:
     step=st.sampled_from([0.0, 0.01, 0.5]),
     restart_left=st.floats(0, 1),
     safety=st.sampled_from([1.0, 2.0, 3.0]),
+    spot_up=st.one_of(st.floats(0, 5), st.just(math.inf)),
 )
 def test_the_vectorised_deadline_rule_agrees_with_the_scalar_one(
     rem: float,
@@ -202,8 +253,11 @@ def test_the_vectorised_deadline_rule_agrees_with_the_scalar_one(
     step: float,
     restart_left: float,
     safety: float,
+    spot_up: float,
 ) -> None:
-    scalar = deadline_action_scalar(rem, left, rate, restart, now, spot, step, safety, restart_left)
+    scalar = deadline_action_scalar(
+        rem, left, rate, restart, now, spot, step, safety, restart_left, spot_up
+    )
     vector = deadline_action(
         np.array([rem]),
         np.array([left]),
@@ -214,6 +268,7 @@ def test_the_vectorised_deadline_rule_agrees_with_the_scalar_one(
         step,
         safety,
         np.array([restart_left]),
+        np.array([spot_up]),
     )
     assert int(vector[0]) == scalar
 

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costs.market import RETURN_AFTER_RESTARTS
 from costs.replay import (
     Grid,
     ReplayJob,
+    ReplayLog,
     brute_force_optimal,
     compare,
     make_greedy_policy,
@@ -106,6 +108,41 @@ def test_hand_worked_fractional_restart_optimum() -> None:
     assert (optimum.cost, optimum.finish_hours, optimum.preemptions) == pytest.approx((2, 3, 1))
     assert replay(trace, HOUR, job, make_greedy_policy(job)).cost == pytest.approx(4)
     assert replay(trace, HOUR, job, on_demand_policy).cost == pytest.approx(4.5)
+
+
+def test_a_job_behind_its_plan_does_not_flap_between_markets_on_short_spells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Three-minute ticks, 0.1 h restarts, 10 h of work in 11.5 h. For the first 3 h spot comes
+    # and goes every two ticks: each spell is as short as the restart, so a return to spot only
+    # spends slack. Then spot stays. Going back to every spell spends the slack before spot
+    # settles, and the safety net keeps the job on on-demand to the end; held back, the job
+    # keeps its slack for the spot that lasts.
+    gap = 180.0
+    trace = _trace("11" + "0011" * 15 + "0" * 400)
+    job = ReplayJob(task_hours=10, deadline_hours=11.5, restart_overhead_hours=0.1)
+    held = replay(trace, gap, job, make_tolerance_policy(job, "balanced", 0.5))
+    monkeypatch.setattr("costs.market.RETURN_AFTER_RESTARTS", 0.0)
+    flapping = replay(trace, gap, job, make_tolerance_policy(job, "balanced", 0.5))
+    assert held.deadline_met and flapping.deadline_met
+    assert held.restarts is not None and flapping.restarts is not None
+    assert held.restarts * 2 <= flapping.restarts
+    assert held.cost < 0.6 * flapping.cost
+
+
+def test_a_lasting_spell_brings_a_job_behind_its_plan_back_to_spot() -> None:
+    # 20 h of work in 22 h, 0.2 h restarts, three-minute ticks. Spot is away for 1.5 h: the job
+    # falls behind its plan at once and starts on-demand (0.25 h behind, caught up only after
+    # 2.7 h). Spot then stays: the job returns once spot has held for the gate's ticks.
+    gap = 180.0
+    trace = _trace("1" * 30 + "0" * 500)
+    job = ReplayJob(task_hours=20, deadline_hours=22, restart_overhead_hours=0.2)
+    log = ReplayLog()
+    outcome = replay(trace, gap, job, make_tolerance_policy(job, "balanced", 0.5), log=log)
+    assert outcome.deadline_met
+    assert log.states[1:30] == ["on_demand"] * 29
+    gate_ticks = round(RETURN_AFTER_RESTARTS * 0.2 * HOUR / gap)
+    assert log.states.index("spot") == 30 + gate_ticks
 
 
 def test_past_the_end_of_the_trace_spot_is_unavailable() -> None:
