@@ -5,15 +5,16 @@
         [--sweep]
 
 Prints two tables. The first gives this machine's own limits: a memory copy, BLAKE3 on one
-thread and on every core, and the disk's raw sequential write (through the page cache and with
-O_DIRECT, each fsynced) and read (from disk, page cache evicted). The second compares Baton
+thread and on every core, and the disk's raw sequential write (through the page cache, with
+O_DIRECT, and with O_DIRECT from huge pages, each fsynced) and read (from disk, page cache
+evicted). The second compares Baton
 with the alternatives. Every ratio is measured in this run against a baseline run in the same
 process, interleaved with it repetition by repetition (the contenders take turns, the order
 rotating), and printed as the median of the per-repetition ratios with their minimum and
 maximum, so a noisy neighbour shows as spread instead of skewing one side:
 
-- full save of a state of N MiB against the raw write of the same bytes (the faster of
-  buffered and O_DIRECT, fsynced), torch.save, safetensors save_file, numpy.savez and PyTorch's
+- full save of a state of N MiB against the raw write of the same bytes (the fastest of
+  buffered, O_DIRECT and O_DIRECT from huge pages, fsynced), torch.save, safetensors save_file, numpy.savez and PyTorch's
   distributed checkpoint (`torch.distributed.checkpoint.save`, one process). Every contender
   writes a fresh file, folder or store and fsyncs it; timing stops when the bytes are durable;
 - asynchronous saves: the part that blocks the caller and the time until durable, Baton's SDK
@@ -150,9 +151,10 @@ def nbytes_of(state: dict[str, np.ndarray]) -> int:
     return sum(a.nbytes for a in state.values())
 
 
-def flatten(state: dict[str, np.ndarray]) -> np.ndarray:
-    """The state's bytes in one page-aligned buffer (what a raw write of it writes)."""
-    flat = aligned_empty(nbytes_of(state))
+def flatten(state: dict[str, np.ndarray], *, huge: bool = False) -> np.ndarray:
+    """The state's bytes in one page-aligned buffer (what a raw write of it writes), in huge
+    pages if asked."""
+    flat = aligned_empty(nbytes_of(state), huge=huge)
     np.concatenate([a.view(np.uint8) for a in state.values()], out=flat)
     return flat
 
@@ -192,11 +194,19 @@ def read_file(out: np.ndarray, path: Path, direct: bool) -> float:
     return time.perf_counter() - started
 
 
-def raw_write(flat: np.ndarray, work: Path) -> float:
-    """The disk's limit: the same bytes as one file, written sequentially and fsynced. Both
-    ways are timed, through the page cache and with O_DIRECT, and the faster one counts."""
-    best = min(write_file(flat, work / "raw.bin", direct) for direct in (False, True))
-    fresh(work / "raw.bin")
+def raw_write(flats: tuple[np.ndarray, np.ndarray], work: Path) -> float:
+    """The disk's limit: the same bytes as one file, written sequentially and fsynced. Three
+    ways are timed, through the page cache, with O_DIRECT from ordinary pages and with O_DIRECT
+    from huge pages (the second of `flats`; a store stages its writes in huge pages), and the
+    fastest counts."""
+    plain, huge = flats
+    path = work / "raw.bin"
+    best = min(
+        write_file(plain, path, direct=False),
+        write_file(plain, path, direct=True),
+        write_file(huge, path, direct=True),
+    )
+    fresh(path)
     return best
 
 
@@ -225,7 +235,7 @@ def restore_child(kind: str, path: Path, key: str) -> None:
         assert len(loaded) > 0
     else:
         store = LocalStore(path)
-        store._executor()
+        store.start()
         evict(files_under(path))
         started = time.perf_counter()
         checkpoint = store.load(key)
@@ -304,6 +314,10 @@ def bench_limits(mib: int, work: Path, repeat: int) -> None:
     src[:] = np.frombuffer(np.random.default_rng(1).bytes(nbytes), np.uint8)
     dst = aligned_empty(nbytes)
     dst[:] = 0
+    huge_src = aligned_empty(nbytes, huge=True)
+    huge_src[:] = src
+    huge_dst = aligned_empty(nbytes, huge=True)
+    huge_dst[:] = 0
     cores = os.cpu_count() or 1
     pool = ThreadPoolExecutor(cores)
 
@@ -327,8 +341,12 @@ def bench_limits(mib: int, work: Path, repeat: int) -> None:
         f"BLAKE3, {cores} threads": timed(hash_all_cores),
         "disk write, buffered + fsync": lambda: write_file(src, work / "w.bin", direct=False),
         "disk write, O_DIRECT + fsync": lambda: write_file(src, work / "w.bin", direct=True),
+        "disk write, O_DIRECT from huge pages + fsync": lambda: write_file(
+            huge_src, work / "w.bin", direct=True
+        ),
         "disk read, buffered (from disk)": lambda: read_file(dst, path, direct=False),
         "disk read, O_DIRECT": lambda: read_file(dst, path, direct=True),
+        "disk read, O_DIRECT into huge pages": lambda: read_file(huge_dst, path, direct=True),
     }
     times = interleaved(contenders, repeat)
     pool.shutdown()
@@ -344,7 +362,7 @@ def bench_limits(mib: int, work: Path, repeat: int) -> None:
 def bench_size(mib: int, work: Path, repeat: int) -> None:
     state = make_state(mib)
     total = nbytes_of(state)
-    flat = flatten(state)
+    flat = (flatten(state), flatten(state, huge=True))
     label = f"{mib} MiB"
     tensors: dict[str, Any] = {}
     if HAS_TORCH:
@@ -359,7 +377,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
 
     def baton() -> float:
         store = LocalStore(fresh(store_dir))
-        store._executor()
+        store.start()
         started = time.perf_counter()
         store.save("bench", 1, state)
         seconds = time.perf_counter() - started
@@ -412,7 +430,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     contenders["numpy.savez"] = numpy_save
     saves = interleaved(contenders, repeat)
     row(
-        "raw write + fsync, best of buffered/O_DIRECT",
+        "raw write + fsync, best of buffered, O_DIRECT, O_DIRECT from huge pages",
         label,
         Spread(saves["raw"]),
         gibps(total, Spread(saves["raw"]).median),
@@ -826,7 +844,7 @@ def sweep(work: Path, repeat: int, mib: int) -> None:
         row(f"hash {name}, 4 MiB pieces", "256 MiB", seconds, seconds.rate(len(data)), "")
     state = make_state(mib)
     total = nbytes_of(state)
-    flat = flatten(state)
+    flat = (flatten(state), flatten(state, huge=True))
 
     def raw() -> float:
         return raw_write(flat, work)
@@ -834,7 +852,7 @@ def sweep(work: Path, repeat: int, mib: int) -> None:
     def saver(size: int) -> Callable[[], float]:
         def save() -> float:
             store = LocalStore(fresh(work / f"sweep-save-{size}"), chunk_size=size * MIB)
-            store._executor()
+            store.start()
             started = time.perf_counter()
             store.save("sweep", 1, state)
             seconds = time.perf_counter() - started
@@ -849,7 +867,7 @@ def sweep(work: Path, repeat: int, mib: int) -> None:
 
         def load() -> float:
             store = LocalStore(folder, chunk_size=size * MIB)
-            store._executor()
+            store.start()
             evict(files_under(folder))
             started = time.perf_counter()
             store.load(store.list("sweep")[-1])

@@ -47,6 +47,7 @@ _READ_PART = 4 * 1024 * 1024
 # copied and hashed, and the I/O threads of a store (they wait on the disk, not the CPU).
 _STREAM_DEPTH = 2
 _IO_THREADS = 8
+_RING_BYTES = -(-(_STREAM_DEPTH + 1) * _STREAM_PIECE // (2 * 1024 * 1024)) * 2 * 1024 * 1024
 _bounce = threading.local()
 
 
@@ -54,7 +55,7 @@ def _bounce_buffer(nbytes: int) -> np.ndarray:
     """An aligned per-thread buffer to stage data whose address is not block-aligned."""
     buf = getattr(_bounce, "buf", None)
     if buf is None or buf.nbytes < nbytes:
-        buf = aligned_empty(nbytes)
+        buf = aligned_empty(nbytes, huge=True)
         _bounce.buf = buf
     return buf
 
@@ -90,10 +91,13 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 def _stream_ring() -> list[np.ndarray]:
     """The calling thread's aligned buffers that unaligned pieces of a streamed chunk are
-    copied into: one per write a stream keeps in flight, and one being filled."""
+    copied into: one per write a stream keeps in flight, and one being filled, in huge pages
+    (two of 2 MiB: a 1 MiB direct write from 4 KiB pages was split in two by a virtual disk,
+    and a full save took 1.7x the raw write instead of 1.06x; decision 055)."""
     ring = getattr(_bounce, "ring", None)
     if ring is None:
-        ring = [aligned_empty(_STREAM_PIECE) for _ in range(_STREAM_DEPTH + 1)]
+        pieces = aligned_empty(_RING_BYTES, huge=True)
+        ring = [pieces[i * _STREAM_PIECE : (i + 1) * _STREAM_PIECE] for i in range(_STREAM_DEPTH + 1)]
         _bounce.ring = ring
     return cast(list[np.ndarray], ring)
 

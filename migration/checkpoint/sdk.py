@@ -183,6 +183,9 @@ class Checkpointer:
         self._persist_store = local_store or store
         self._persist_verify = self._persist_store.verify_after_write if verify is None else verify
         self._owns_store = owns_store
+        for tier in (store, local_store):
+            if tier is not None:
+                tier.start()  # the first save may be an emergency one
         self.reporter = AgentReporter(agent_url)
         self.uploader: Uploader | None = None
         if local_store is not None:

@@ -197,3 +197,39 @@ def test_a_store_where_nothing_can_be_written_still_opens_and_loads(
     assert store.direct
     assert local_module._DIRECT_CHOICE == {}  # measured again where it can be
     assert_same_state(state, store.load(ref).state)
+
+
+def test_huge_page_buffers_start_on_a_huge_page_and_small_ones_stay_ordinary() -> None:
+    from migration.checkpoint.snapshot import aligned_empty
+
+    huge = aligned_empty(5 * 1024 * 1024 + 123, huge=True)
+    assert huge.nbytes == 5 * 1024 * 1024 + 123
+    assert huge.ctypes.data % (2 * 1024 * 1024) == 0
+    huge[:] = 7  # writable to its last byte
+    assert int(huge[-1]) == 7
+    small = aligned_empty(300 * 1024, huge=True)  # would take a whole huge page
+    assert small.nbytes == 300 * 1024 and small.ctypes.data % 4096 == 0
+
+
+def test_a_restore_lands_in_huge_page_buffers_and_matches(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    state = unaligned_state(8)
+    ref = store.save("job", 1, state).ref
+    loaded = store.load(ref).state
+    assert_same_state(loaded, state)
+    big = max(loaded.values(), key=lambda a: a.nbytes)
+    assert big.ctypes.data % (2 * 1024 * 1024) == 0
+    store.close()
+
+
+def test_a_checkpointer_starts_its_stores_threads_before_any_save(tmp_path: Path) -> None:
+    from migration.checkpoint.sdk import Checkpointer
+
+    store = LocalStore(tmp_path / "store")
+    before = {t.name for t in threading.enumerate()}
+    ckpt = Checkpointer(store, job="job", install_signal_handlers=False)
+    started = {t.name for t in threading.enumerate()} - before
+    assert any(name.startswith("baton-store") for name in started)
+    assert any(name.startswith("baton-io") for name in started)
+    ckpt.close()
+    store.close()
