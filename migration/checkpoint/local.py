@@ -97,6 +97,7 @@ def _stream_ring() -> list[np.ndarray]:
     ring = getattr(_bounce, "ring", None)
     if ring is None:
         pieces = aligned_empty(_RING_BYTES, huge=True)
+        pieces.fill(0)  # faulted in now, not inside the first save that streams
         ring = [pieces[i * _STREAM_PIECE : (i + 1) * _STREAM_PIECE] for i in range(_STREAM_DEPTH + 1)]
         _bounce.ring = ring
     return cast(list[np.ndarray], ring)
@@ -292,6 +293,10 @@ class LocalStore(Store):
                 self._io_pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="baton-io")
                 _start_all_threads(self._io_pool, _IO_THREADS)
             return self._io_pool
+
+    def _prepare_worker(self) -> None:
+        if self.direct and self.fsync:
+            _stream_ring()  # allocated when the worker starts, not inside its first save
 
     def _executor(self) -> ThreadPoolExecutor:
         # The I/O threads start with the workers, not inside the first save that needs them.

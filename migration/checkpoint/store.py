@@ -247,11 +247,23 @@ class Store(ABC):
                     pool = ThreadPoolExecutor(
                         self.workers,
                         thread_name_prefix="baton-store-bg" if kind else "baton-store",
-                        initializer=lower_thread_priority if kind else None,
+                        initializer=self._start_worker,
+                        initargs=(kind,),
                     )
                     _start_all_threads(pool, self.workers)
                     self._pools[kind] = pool
             return self._pools[background]
+
+    def _start_worker(self, background: bool) -> None:
+        """Run in each worker thread as it starts."""
+        if background:
+            lower_thread_priority()
+        else:
+            self._prepare_worker()
+
+    def _prepare_worker(self) -> None:  # noqa: B027
+        """What a backend gives each normal-priority worker (the ones an emergency save runs
+        on) before its first save: buffers it would otherwise allocate inside the window."""
 
     def start(self) -> None:
         """Start the worker threads now rather than at the first save, which may be an

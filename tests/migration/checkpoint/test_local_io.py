@@ -226,9 +226,9 @@ def test_a_checkpointer_starts_its_stores_threads_before_any_save(tmp_path: Path
     from migration.checkpoint.sdk import Checkpointer
 
     store = LocalStore(tmp_path / "store")
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())
     ckpt = Checkpointer(store, job="job", install_signal_handlers=False)
-    started = {t.name for t in threading.enumerate()} - before
+    started = {t.name for t in set(threading.enumerate()) - before}
     assert any(name.startswith("baton-store") for name in started)
     assert any(name.startswith("baton-io") for name in started)
     ckpt.close()
