@@ -14,9 +14,10 @@ rotating), and printed as the median of the per-repetition ratios with their min
 maximum, so a noisy neighbour shows as spread instead of skewing one side:
 
 - full save of a state of N MiB against the raw write of the same bytes (the fastest of
-  buffered, O_DIRECT and O_DIRECT from huge pages, fsynced), torch.save, safetensors save_file, numpy.savez and PyTorch's
-  distributed checkpoint (`torch.distributed.checkpoint.save`, one process). Every contender
-  writes a fresh file, folder or store and fsyncs it; timing stops when the bytes are durable;
+  buffered, O_DIRECT and O_DIRECT from huge pages, fsynced), torch.save, safetensors
+  save_file, numpy.savez and PyTorch's distributed checkpoint
+  (`torch.distributed.checkpoint.save`, one process). Every contender writes a fresh file,
+  folder or store and fsyncs it; timing stops when the bytes are durable;
 - asynchronous saves: the part that blocks the caller and the time until durable, Baton's SDK
   against `torch.distributed.checkpoint.async_save`;
 - restore against torch.load, each in a fresh process reading from disk (the files' pages are
@@ -69,6 +70,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.loop import TrainingLoop
+from bench.table import print_columns
 from migration.checkpoint import LocalStore
 from migration.checkpoint.hashing import digest
 from migration.checkpoint.sdk import Checkpointer, capture_rng_states
@@ -734,36 +737,17 @@ def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float, per_b
     block of each kind runs first, unmeasured (the first checkpoint allocates the snapshot
     buffers).
     """
-    from jobs.workloads.mlp_numpy import NumpyMLP
-
-    model = NumpyMLP(
-        argparse.Namespace(
-            seed=0,
-            steps=10**9,
-            batch=256,
-            hidden=1024,
-            lr=0.01,
-            state_mb=float(state_mib),
-            step_ms=0.0,
-        )
-    )
+    loop = TrainingLoop(state_mib)
     store = LocalStore(fresh(work / "async"))
     ckpt = Checkpointer(
         store, job="async", every_steps=None, every_seconds=None, install_signal_handlers=False
     )
-    step = 0
 
     def block(intervals: int, steps: int, checkpoint: bool) -> tuple[float, float]:
-        """Wall seconds, and CPU seconds of the training thread, of one block."""
-        nonlocal step
+        """Wall seconds, and CPU seconds of the training thread, of one block (its last
+        persist waited for)."""
         started, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(intervals):
-            if checkpoint:
-                ckpt.request_checkpoint()
-            for _ in range(steps):
-                model.train_step(step)
-                step += 1
-                ckpt.maybe_save(step, model.state(), val_loss=model.val_loss)
+        loop.block(ckpt, intervals, steps, checkpoint=checkpoint)
         ckpt.wait()
         return time.perf_counter() - started, time.thread_time() - cpu
 
@@ -898,13 +882,6 @@ def sweep(work: Path, repeat: int, mib: int) -> None:
         fresh(work / f"sweep-load-{size}")
 
 
-def print_table(header: Row, rows: list[Row]) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for line in [header, tuple("-" * w for w in widths), *rows]:
-        cells = zip(line, widths, strict=True)
-        print("  ".join(cell.ljust(width) for cell, width in cells).rstrip())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="64,256,1024", help="State sizes in MiB.")
@@ -959,10 +936,10 @@ def main() -> int:
     )
     print()
     print("This machine's limits, median (min-max) over the repetitions:")
-    print_table(("limit", "size", "rate"), LIMITS)
+    print_columns(("limit", "size", "rate"), LIMITS)
     print()
     print("Ratios: median of the per-repetition ratios (min-max):")
-    print_table(("measurement", "size", "median s", "rate", "ratio", "target", ""), ROWS)
+    print_columns(("measurement", "size", "median s", "rate", "ratio", "target", ""), ROWS)
     return 0
 
 

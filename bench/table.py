@@ -34,6 +34,15 @@ def print_table(title: str, unit: str, rows: list[Row], baseline: str) -> None:
         print(line)
 
 
+def print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Rows of ready-made cells under a header, each column as wide as its widest cell (for
+    tables whose rows mix units, such as the checkpoint benchmark's)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for line in [header, tuple("-" * w for w in widths), *rows]:
+        cells = zip(line, widths, strict=True)
+        print("  ".join(cell.ljust(width) for cell, width in cells).rstrip())
+
+
 def sections(parser: argparse.ArgumentParser, wanted: str, known: dict[str, object]) -> list[str]:
     """The comma-separated section names asked for; an unknown one is a usage error."""
     names = [n.strip() for n in wanted.split(",") if n.strip()]

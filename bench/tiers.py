@@ -50,6 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.loop import TrainingLoop  # noqa: E402
 from bench.table import Row, print_machine, print_table  # noqa: E402
 from migration.checkpoint import LocalStore, Store, open_store  # noqa: E402
 from migration.checkpoint.s3 import S3Store  # noqa: E402
@@ -125,49 +126,19 @@ def settle(ckpt: Checkpointer) -> None:
 
 
 def loop_rows(args: argparse.Namespace, work: Path, server: Any) -> list[Row]:
-    from jobs.workloads.mlp_numpy import NumpyMLP
-
-    model = NumpyMLP(
-        argparse.Namespace(
-            seed=0,
-            steps=10**9,
-            batch=256,
-            hidden=1024,
-            lr=0.01,
-            state_mb=float(option(args, "train_mb")),
-            step_ms=0.0,
-        )
-    )
+    loop = TrainingLoop(float(option(args, "train_mb")))
     repeats = int(option(args, "repeats"))
     two_tiers = checkpointer(s3_store(server), LocalStore(fresh(work / "local")), "tiers")
     one_tier = checkpointer(s3_store(server), None, "direct")
-    step = 0
 
     def block(ckpt: Checkpointer | None, steps: int) -> tuple[float, float]:
         """Seconds of a block, and of those the seconds spent in calls that saved."""
-        nonlocal step
-        blocked = 0.0
-        started = time.perf_counter()
-        for _ in range(INTERVALS_PER_BLOCK):
-            if ckpt is not None:
-                ckpt.request_checkpoint()
-            for _ in range(steps):
-                model.train_step(step)
-                step += 1
-                if ckpt is not None:
-                    called = time.perf_counter()
-                    if ckpt.maybe_save(step, model.state(), val_loss=model.val_loss):
-                        blocked += time.perf_counter() - called
-        seconds = time.perf_counter() - started
+        timed = loop.block(ckpt, INTERVALS_PER_BLOCK, steps)
         if ckpt is not None:
             settle(ckpt)
-        return seconds, blocked
+        return timed.seconds, timed.blocked
 
-    warm = time.perf_counter()
-    for _ in range(20):
-        model.train_step(step)
-        step += 1
-    rate = 20 / (time.perf_counter() - warm)
+    rate = loop.steps_per_second()
     steps = max(5, round(rate * float(option(args, "every_s"))))
     contenders: dict[str, Checkpointer | None] = {
         "none": None,
