@@ -98,7 +98,9 @@ def _stream_ring() -> list[np.ndarray]:
     if ring is None:
         pieces = aligned_empty(_RING_BYTES, huge=True)
         pieces.fill(0)  # faulted in now, not inside the first save that streams
-        ring = [pieces[i * _STREAM_PIECE : (i + 1) * _STREAM_PIECE] for i in range(_STREAM_DEPTH + 1)]
+        ring = [
+            pieces[i * _STREAM_PIECE : (i + 1) * _STREAM_PIECE] for i in range(_STREAM_DEPTH + 1)
+        ]
         _bounce.ring = ring
     return cast(list[np.ndarray], ring)
 
@@ -416,9 +418,11 @@ class LocalStore(Store):
                         staged = _stream_ring()[index % len(_stream_ring())][: end - start]
                         staged[:] = source[start:end]
                         piece = staged.data
-                    hasher.update(piece)
                     writes.make_room()
                     writes.submit(piece, start)
+                    # Hashed while the disk reads it (both only read the piece): the write
+                    # goes out first, and this piece's hash overlaps its own write.
+                    hasher.update(piece)
                 writes.drain()
                 if body < len(data):
                     _clear_direct(fd)
