@@ -111,25 +111,27 @@ def holders(checkpoint: Checkpoint) -> list[str]:
     )
 
 
-def latency_ms(source: str, target: str) -> float:
-    """Milliseconds from `source` to `target` in the latency matrix (0 within a region,
-    infinite when the matrix does not say)."""
-    if source == target:
-        return 0.0
-    found = (
-        RegionLatency.objects.filter(
-            Q(source__code=source, target__code=target)
-            | Q(source__code=target, target__code=source)
-        )
-        .values_list("milliseconds", flat=True)
-        .first()
-    )
-    return math.inf if found is None else float(found)
+def latencies_to(target: str, regions: list[str]) -> dict[str, float]:
+    """Milliseconds from each of `regions` to `target` in the latency matrix, read in one
+    query (0 within a region; a pair stored the other way round counts; infinite when the
+    matrix does not say)."""
+    found: dict[str, float] = {}
+    rows = RegionLatency.objects.filter(
+        Q(source__code=target, target__code__in=regions)
+        | Q(target__code=target, source__code__in=regions)
+    ).values_list("source__code", "target__code", "milliseconds")
+    for source, other, ms in rows:
+        if other == target:  # stored as region -> target: preferred over the reverse
+            found[source] = float(ms)
+        else:
+            found.setdefault(other, float(ms))
+    return {r: 0.0 if r == target else found.get(r, math.inf) for r in regions}
 
 
 def nearest_first(regions: list[str], target: str) -> list[tuple[str, float]]:
     """`regions` with their latency to `target`, nearest first."""
-    return sorted(((r, latency_ms(r, target)) for r in regions), key=lambda p: (p[1], p[0]))
+    latency = latencies_to(target, regions)
+    return sorted(((r, latency[r]) for r in regions), key=lambda p: (p[1], p[0]))
 
 
 def copy_to_region(checkpoint: Checkpoint, target: str) -> CopyOutcome:

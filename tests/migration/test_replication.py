@@ -146,6 +146,19 @@ def test_a_copy_comes_from_the_nearest_region_holding_a_ready_one(
     assert (copy.source, copy.latency_ms) == ("us-west-2", 40.0)  # not the home, 80 ms away
 
 
+def test_regions_are_ranked_by_the_latency_matrix_either_way_round(
+    regions: dict[str, Region],
+) -> None:
+    Region.objects.create(code="ap-south-1", name="Mumbai")  # not in the matrix
+    ranked = replication.nearest_first(["ap-south-1", "us-east-1", "eu-west-1"], "us-west-2")
+    # us-west-2 -> eu-west-1 is stored the other way round; the target itself is 0 ms away.
+    assert ranked == [("eu-west-1", 40.0), ("us-east-1", 70.0), ("ap-south-1", float("inf"))]
+    assert replication.nearest_first(["us-west-2", "us-east-1"], "us-west-2")[0] == (
+        "us-west-2",
+        0.0,
+    )
+
+
 def test_a_region_whose_store_is_down_is_skipped_for_the_next_one(
     trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
