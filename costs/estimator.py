@@ -109,7 +109,9 @@ class EstimateInput:
     Prices are for the whole job per hour (instances x price per instance-hour, a substitute's
     price when placement would use one). ``interruption_rate_per_hour`` is interruptions per hour
     of spot held, from the pools' history; ``mean_outage_hours`` how long spot stays unavailable
-    after an interruption (0: another candidate pool takes the job at once).
+    after an interruption (0: another candidate pool takes the job at once); ``outage_pools``
+    how many candidate pools' history it was measured on (0: the judged pool's alone): the wait
+    after an interruption while every candidate pool is away, none while another has spot.
     """
 
     work_hours: float
@@ -128,6 +130,7 @@ class EstimateInput:
     interruption_rate_source: str = "given"
     interruption_rate_borrowed_from: tuple[str, ...] = ()
     history_hours: float = 0.0
+    outage_pools: int = 0
     market_time_scale: float = 1.0
     notice_seconds: float = DEFAULT_NOTICE_SECONDS
     save_gb_per_s: float = DEFAULT_SAVE_GB_PER_S
@@ -664,6 +667,16 @@ def _recommend(
     saving = od.expected_cost - spot.expected_cost
     share = saving / od.expected_cost if od.expected_cost > 0 else 0.0
     reasons.append(_rate_reason(inp, spot))
+    if inp.outage_pools > 1:
+        wait = (
+            f"it would have waited {_duration(inp.mean_outage_hours)} for spot on average"
+            if inp.mean_outage_hours > 0
+            else "another of them always had spot, so the estimate counts no wait for spot"
+        )
+        reasons.append(
+            f"After an interruption the job can move to any of {inp.outage_pools} spot pools; "
+            f"over their recent history {wait}."
+        )
     if inp.market_time_scale != 1.0:
         reasons.append(
             f"The market simulator runs {inp.market_time_scale:g} times faster than the clock: "

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
 from functools import reduce
 from operator import or_
+from typing import Any
 
 from django.db.models import Q
 
 from costs.charts import PriceSeries
 from costs.models import AvailabilitySample, PriceSample, SpotPoolHistory
+from costs.traces import describe_trace_name
 from migration.choices import Market
 from migration.models import CapacityPool, TimelineEvent
 
@@ -81,16 +85,26 @@ def stored_trace_samples(name: str) -> list[AvailabilitySample]:
     )
 
 
+def _history_places(pool: CapacityPool, history: SpotPoolHistory | None) -> list[tuple[str, str]]:
+    """The (region, card) histories behind a spot pool's figures: its own, else the borrowed."""
+    if history is not None and history.source == "borrowed":
+        return [
+            (region, card)
+            for card, region in (label.split(" in ") for label in history.borrowed_from)
+        ]
+    return [(pool.region.code, pool.accelerator.name)]
+
+
+def _samples_of(places: list[tuple[str, str]]) -> Any:
+    return AvailabilitySample.objects.filter(
+        reduce(or_, (Q(region__code=r, accelerator__name=a) for r, a in places))
+    )
+
+
 def pool_trace_names(pool: CapacityPool) -> list[str]:
     """The stored traces behind a spot pool's figures: its region and card's own, else those
     of the histories it borrows from; longest first."""
-    history = spot_pool_history(pool.pk)
-    places = [(pool.region.code, pool.accelerator.name)]
-    if history is not None and history.source == "borrowed":
-        places = [tuple(label.split(" in ")[::-1]) for label in history.borrowed_from]
-    rows = AvailabilitySample.objects.filter(
-        reduce(or_, (Q(region__code=r, accelerator__name=a) for r, a in places))
-    )
+    rows = _samples_of(_history_places(pool, spot_pool_history(pool.pk)))
     ticks: dict[str, int] = defaultdict(int)
     for name, count in rows.values_list("trace", "ticks"):
         ticks[name.split("#", 1)[0]] += count
@@ -104,3 +118,52 @@ def rate_source(history: SpotPoolHistory | None, rate: float) -> tuple[str, list
     if history is not None and history.interruption_rate_per_hour == rate:
         return history.source, list(history.borrowed_from)
     return "pool", []
+
+
+@dataclass(frozen=True)
+class StoredRuns:
+    """One stored single-instance trace as runs, with the moment it starts."""
+
+    name: str
+    start: datetime
+    gap_seconds: int
+    runs: list[tuple[int, bool]]  # (ticks, available), in order
+
+
+def candidate_pool_traces(
+    pool_ids: list[int],
+) -> tuple[dict[int, list[str]], dict[str, StoredRuns]]:
+    """For the spot pools `pool_ids`: the stored traces behind each one's figures (its own
+    zone's trace when one is stored, else every trace of its region and card or of the
+    histories it borrows from), and those traces' runs. Two queries."""
+    pools = list(
+        CapacityPool.objects.filter(pk__in=pool_ids, market=Market.SPOT).select_related(
+            "region", "accelerator", "spot_history"
+        )
+    )
+    places = {pool.pk: _history_places(pool, getattr(pool, "spot_history", None)) for pool in pools}
+    every = sorted({place for found in places.values() for place in found})
+    if not every:
+        return {}, {}
+    stored: dict[str, StoredRuns] = {}
+    by_place: dict[tuple[str, str], set[str]] = defaultdict(set)
+    rows = (
+        _samples_of(every)
+        .filter(~Q(trace__contains="#"))  # the nodes of a wide trace: not one pool's spot
+        .order_by("trace", "at")
+        .values_list(
+            "trace", "at", "ticks", "gap_seconds", "available", "region__code", "accelerator__name"
+        )
+    )
+    for name, at, ticks, gap, available, region, card in rows:
+        if name not in stored:
+            stored[name] = StoredRuns(name, at, gap, [])
+            by_place[(region, card)].add(name)
+        stored[name].runs.append((ticks, available))
+    behind: dict[int, list[str]] = {}
+    for pool in pools:
+        names = sorted({n for place in places[pool.pk] for n in by_place.get(place, ())})
+        own = [n for n in names if describe_trace_name(n.rsplit("/", 1)[-1]).zone == pool.zone]
+        if own or names:
+            behind[pool.pk] = own or names
+    return behind, stored

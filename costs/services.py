@@ -43,7 +43,14 @@ from costs.history import (
 )
 from costs.models import AvailabilitySample, PriceSample, SpotPoolHistory
 from costs.replay import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, ReplayJob
-from costs.traces import Trace, load_trace, recent, trace_from_dict
+from costs.traces import (
+    Trace,
+    interruption_waits,
+    load_trace,
+    recent,
+    spread,
+    trace_from_dict,
+)
 from costs.what_if import ReplayRefused, WhatIfJob, WhatIfResult, replay_what_if
 from jobs.models import Job
 from migration.choices import Market
@@ -270,6 +277,12 @@ def estimate_input(job: Job) -> EstimateInput | None:
                 interruption_rate_borrowed_from=tuple(borrowed),
                 history_hours=history.history_hours,
             )
+    outage = candidate_outage([pool.id for pool in seen.spot_candidates])
+    if outage is not None and "mean_outage_hours" in figures:
+        # After an interruption placement takes any candidate pool that has spot: the job waits
+        # only while all of them are away at once.
+        mean, cv, pools = outage
+        figures.update(mean_outage_hours=mean, outage_cv=cv, outage_pools=pools)
     # With the market simulator on, spot is interrupted on its compressed clock: the job meets
     # `scale` times more interruptions per hour of the clock, each outage `scale` times shorter.
     scale = settings.BATON_MARKET_TIME_SCALE or 1.0
@@ -291,6 +304,37 @@ def estimate_input(job: Job) -> EstimateInput | None:
         seed=0,  # the same job on the same pools gets the same estimate
         **figures,
     )
+
+
+def candidate_outage(pool_ids: list[int]) -> tuple[float, float, int] | None:
+    """How long an interrupted job waits for spot when placement may put it on any of the spot
+    pools `pool_ids`: (mean hours, their coefficient of variation, how many of the pools have
+    trace history). Over the most recent week of the traces behind them, at every
+    interruption of one, the wait is nothing while another has spot, else the outage all of
+    them share from there. Traces of one dataset are laid on one clock by their start;
+    datasets recorded at different times are taken apart and pooled. None when no candidate
+    pool has trace history."""
+    behind, stored = selectors.candidate_pool_traces(pool_ids)
+    if not behind:
+        return None
+    groups: dict[tuple[str, int], list[tuple[Trace, float]]] = defaultdict(list)
+    for name in sorted({n for names in behind.values() for n in names}):
+        found = stored[name]
+        trace = trace_from_runs(
+            name, "", "", found.gap_seconds, [Run(0, ticks, up) for ticks, up in found.runs]
+        )
+        latest = recent(trace)
+        start = found.start.timestamp() / 3600 + (trace.ticks - latest.ticks) * trace.tick_hours
+        groups[(name.split("/", 1)[0], found.gap_seconds)].append((latest, start))
+    waits = [
+        seen
+        for group in groups.values()
+        if (seen := interruption_waits([t for t, _ in group], [s for _, s in group])) is not None
+    ]
+    every = np.concatenate(waits) if waits else np.zeros(0)
+    if every.size == 0:
+        return None
+    return float(every.mean()), spread(every), len(behind)
 
 
 def estimate_job(job: Job, *, refuse: bool = False) -> Estimate | None:

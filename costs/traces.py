@@ -25,6 +25,9 @@ Public API (pure: numpy + stdlib, no Django):
 - ``availability_stats(trace) -> AvailabilityStats`` and ``pooled_stats(traces)``: rate, mean
   outage, spell dispersion and availability, the history the cost estimator takes
   (``EstimateInput`` fields of the same name).
+- ``joint_availability(traces, starts_hours) -> Trace``: spot for a job that may take any of
+  several pools (available while at least one is), on the span all the traces cover, and
+  ``interruption_waits``: how long such a job waits for spot after each interruption.
 - ``window(trace, start_hours, hours) -> Trace`` and ``windows(trace, hours, step_hours)``
 - ``scale_trace(trace, factor) -> Trace``: the same sequence of ticks on a stretched (factor > 1)
   or compressed (factor < 1) clock, so a short trace can stand in for a longer job.
@@ -414,6 +417,70 @@ def pooled_stats(traces: list[Trace]) -> AvailabilityStats | None:
         interruptions=count,
         hours=hours,
     )
+
+
+def _aligned(traces: list[Trace], starts_hours: list[float]) -> list[np.ndarray] | None:
+    """Each trace's unavailable ticks (a job of one node) on the span all of them cover."""
+    if not traces or len(traces) != len(starts_hours):
+        raise ValueError("one start per trace, and at least one trace")
+    gap = traces[0].gap_seconds
+    if any(t.gap_seconds != gap for t in traces):
+        raise ValueError("traces on different ticks cannot be laid on one clock")
+    offsets = [round(start * 3600.0 / gap) for start in starts_hours]
+    first = max(offsets)
+    last = min(offset + t.ticks for offset, t in zip(offsets, traces, strict=True))
+    if last - first < 1:
+        return None
+    return [
+        t.for_job(1).unavailable[first - offset : last - offset]
+        for offset, t in zip(offsets, traces, strict=True)
+    ]
+
+
+def joint_availability(traces: list[Trace], starts_hours: list[float]) -> Trace | None:
+    """Spot as a job free to take any of several pools sees it: available during a tick when
+    at least one of ``traces`` is (a job of one node). ``starts_hours`` lays the traces on one
+    clock (the hour each one starts, from any common origin); the answer covers the span all of
+    them cover. The traces must share their tick (``ValueError`` otherwise); None when they do
+    not overlap by a whole tick.
+    """
+    aligned = _aligned(traces, starts_hours)
+    if aligned is None:
+        return None
+    return Trace(
+        name=" | ".join(t.name for t in traces),
+        region=None,
+        zone=None,
+        accelerator=None,
+        nodes=1,
+        gap_seconds=traces[0].gap_seconds,
+        unavailable=np.logical_and.reduce(aligned),
+    )
+
+
+def interruption_waits(traces: list[Trace], starts_hours: list[float]) -> np.ndarray | None:
+    """Hours a job free to take any of several pools waits for spot after each interruption:
+    at every drop of one trace, nothing when another trace has spot in that tick, else until
+    one has (the joint outage that begins there). Same clock and span as
+    ``joint_availability``; None when the traces do not overlap."""
+    aligned = _aligned(traces, starts_hours)
+    if aligned is None:
+        return None
+    joint = np.logical_and.reduce(aligned)
+    edges = np.diff(np.concatenate(([0], joint.astype(np.int8), [0])))
+    run_from = np.zeros(joint.size)
+    begins = np.flatnonzero(edges == 1)
+    run_from[begins] = (np.flatnonzero(edges == -1) - begins) * traces[0].tick_hours
+    drops = np.concatenate([np.flatnonzero(~u[:-1] & u[1:]) + 1 for u in aligned])
+    # A drop while every other pool is away too begins a joint outage (the dropping pool had
+    # spot the tick before), so its wait is that outage's whole length.
+    return run_from[drops]
+
+
+def spread(values: np.ndarray) -> float:
+    """Coefficient of variation of spell lengths (1, as exponential, for fewer than
+    ``MIN_SPELLS_FOR_CV`` of them)."""
+    return _cv(values)
 
 
 def recent(trace: Trace, hours: float = RECENT_HISTORY_HOURS) -> Trace:

@@ -197,6 +197,13 @@ def _candidates(
     ]
 
 
+def candidate_pools(request: PlacementRequest, pools: list[PoolView]) -> list[PoolView]:
+    """Every pool of `request.market` placement may take for the job, room or not: compatible
+    hardware under the cap (where an interrupted job can go next)."""
+    found = {pool.id: pool for pool, _ in _candidates(request, pools) if _under_cap(pool, request)}
+    return list(found.values())
+
+
 def cheapest_fit(request: PlacementRequest, pools: list[PoolView]) -> PoolView | None:
     """The pool `choose_pool` would prefer if capacity were no object (same score, under the
     cap): what the market would cost, even while it is full."""

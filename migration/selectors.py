@@ -35,6 +35,7 @@ from migration.placement import (
     PlacementRequest,
     PoolView,
     Rejection,
+    candidate_pools,
     cheapest_fit,
     choose_pool,
 )
@@ -173,6 +174,8 @@ class Prospects:
     nodes: int
     spot_request: PlacementRequest | None = None
     overhead_hours: float = DEFAULT_MIGRATION_OVERHEAD_HOURS
+    # Every spot pool the job may be placed on (room or not): where an interrupted job can go.
+    spot_candidates: tuple[PoolView, ...] = ()
 
     def _judged(self, market: str) -> PoolView | None:
         chosen = self.spot if market == Market.SPOT else self.on_demand
@@ -239,6 +242,7 @@ def prospects(
         nodes=job.nodes,
         spot_request=spot_request,
         overhead_hours=overhead,
+        spot_candidates=tuple(candidate_pools(spot_request, allowed)),
     )
 
 

@@ -193,3 +193,51 @@ def test_with_the_market_simulator_on_the_estimate_runs_on_its_clock(
     assert fast["interruption_rate_per_hour"] == 30.0
     assert fast["spot"]["expected_interruptions"] > 10 * real["spot"]["expected_interruptions"]
     assert any("60 times faster than the clock" in reason for reason in fast["reasons"])
+
+
+def test_an_estimate_waits_for_spot_only_while_every_candidate_pool_is_away(
+    catalogue: Any, alice: Any, client_for: Any, tmp_path: Any
+) -> None:
+    import json
+
+    from costs.services import candidate_outage, import_spot_traces
+
+    # Two V100 spot pools of us-east-1, in the zones of two traces of one dataset (recorded
+    # side by side): hourly ticks, each zone away 4 h in every 12, the second 2 h after the
+    # first. An interrupted job moves to the other pool, so it waits only while both are away.
+    first = catalogue["pools"]["v100_spot"]
+    first.zone = "us-east-1a"
+    first.save()
+    second = CapacityPool.objects.create(
+        region=first.region,
+        zone="us-east-1c",
+        instance_type="p3.2xlarge",
+        accelerator=first.accelerator,
+        gpus_per_instance=1,
+        market="spot",
+        price_per_hour=first.price_per_hour,
+        capacity=1,
+    )
+    folder = tmp_path / "aws-02-15-2023"
+    folder.mkdir()
+    pattern = ([0] * 8 + [1] * 4) * 20
+    for zone, data in (("us-east-1a", pattern), ("us-east-1c", pattern[-2:] + pattern[:-2])):
+        (folder / f"{zone}_v100_1.json").write_text(
+            json.dumps({"metadata": {"gap_seconds": 3600}, "data": data})
+        )
+    import_spot_traces(folder)
+
+    alone = candidate_outage([first.pk])
+    both = candidate_outage([first.pk, second.pk])
+    assert alone is not None and both is not None
+    # Alone, every interruption waits out the zone's 4 h outage; with both, half of them find
+    # the other zone up and the rest wait the 2 h the zones share.
+    assert (alone[0], alone[2]) == (pytest.approx(4.0), 1)
+    assert (both[0], both[2]) == (pytest.approx(1.0, abs=0.05), 2)
+
+    body = job_body(accelerator="V100-16GB")
+    answer = client_for(alice).post("/api/estimates/", body, format="json").json()
+    reasons = " ".join(answer["reasons"])
+    assert "any of 2 spot pools" in reasons
+    assert "waited 1.0 h for spot on average" in reasons
+    assert answer["interruption_rate_source"] == "history"

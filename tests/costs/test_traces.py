@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from costs.traces import (
+    availability_stats,
+    interruption_waits,
+    joint_availability,
     load_trace,
     load_traces,
     mean_time_between_interruptions_hours,
@@ -180,3 +183,38 @@ def test_every_shared_trace_loads_with_a_plausible_rate() -> None:
     for trace in traces:
         assert trace.accelerator == "V100-16GB"
         assert 0.05 < preemptions_per_hour(trace) < 5
+
+
+def test_two_pools_with_offset_outages_are_away_together_for_less_than_either(
+    tmp_path: Path,
+) -> None:
+    # Hourly ticks: each zone is away 4 h in every 12, the second 2 h after the first (and its
+    # record starts an hour later): a job free to take either waits only while both are away.
+    pattern = [0] * 8 + [1] * 4
+    first = load_trace(_write(tmp_path, "us-east-1a_v100_1", pattern * 10))
+    shifted = (pattern[-2:] + pattern[:-2]) * 10
+    second = load_trace(_write(tmp_path, "us-east-1c_v100_1", shifted[1:]))
+    joint = joint_availability([first, second], [0.0, 1.0])
+    assert joint is not None
+    assert joint.ticks == 119  # the span both cover
+    alone = [availability_stats(t).mean_outage_hours for t in (first, second)]
+    together = availability_stats(joint).mean_outage_hours
+    assert together == pytest.approx(2.0)
+    assert together < min(alone)
+    assert joint.availability > max(first.availability, second.availability)
+    # The first zone drops while the second has spot (no wait); the second drops two hours
+    # into the first's outage (a wait of the 2 h they share).
+    waits = interruption_waits([first, second], [0.0, 1.0])
+    assert waits is not None
+    assert sorted(set(waits.tolist())) == [0.0, 2.0]
+    assert waits.mean() == pytest.approx(1.0, abs=0.1)
+    alone_waits = interruption_waits([first], [0.0])
+    assert alone_waits is not None and alone_waits.mean() == pytest.approx(4.0)
+
+
+def test_pools_that_do_not_overlap_in_time_have_no_joint_history(tmp_path: Path) -> None:
+    trace = load_trace(_write(tmp_path, "us-east-1a_v100_1", [0, 1, 0, 1]))
+    assert joint_availability([trace, trace], [0.0, 10.0]) is None
+    coarse = load_trace(_write(tmp_path, "us-east-1c_v100_1", [0, 1], gap=7200))
+    with pytest.raises(ValueError, match="different ticks"):
+        joint_availability([trace, coarse], [0.0, 0.0])
