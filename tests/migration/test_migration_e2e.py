@@ -335,7 +335,8 @@ async def test_the_browser_sees_every_phase_live_and_a_reconnect_fills_the_gap(
     )()
     assert ids == stored  # nothing missed
     migration_kinds = [e["kind"] for e in seen if e["migration"] is not None]
-    assert migration_kinds == MIGRATION_KINDS
+    # On a failure, say why a phase went another way (a validation's data names the cause).
+    assert migration_kinds == MIGRATION_KINDS, [(e["kind"], e["data"]) for e in seen]
 
 
 def test_a_corrupt_replica_rolls_back_to_the_previous_checkpoint_and_the_job_finishes(
