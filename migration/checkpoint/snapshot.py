@@ -49,15 +49,15 @@ def aligned_empty(nbytes: int, align: int = 4096, *, huge: bool = False) -> np.n
     from 2 MiB pages is one segment per page where 4 KiB pages need 256 per MiB, and a
     virtual disk that takes at most a few hundred segments per request splits every 1 MiB
     write from 4 KiB pages in two (decision 055). Where the kernel gives no huge pages the
-    buffer is an ordinary one, and so is one smaller than a huge page (it would take a whole
-    one).
+    buffer is an ordinary one, and so is one smaller than a huge page and the tail of one
+    that is not a whole number of them (a partly used huge page would take 2 MiB).
     """
     if huge and nbytes >= _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         region = PrivateMap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         whole = np.frombuffer(region, dtype=np.uint8)
         start = (-whole.ctypes.data) % _HUGE_PAGE
         with contextlib.suppress(OSError):
-            region.madvise(mmap.MADV_HUGEPAGE, start, nbytes - nbytes % mmap.PAGESIZE)
+            region.madvise(mmap.MADV_HUGEPAGE, start, nbytes - nbytes % _HUGE_PAGE)
         return whole[start : start + nbytes]
     if nbytes >= _MAP_MIN and hasattr(mmap, "MAP_ANONYMOUS") and align <= mmap.PAGESIZE:
         region = PrivateMap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -268,7 +268,7 @@ class Store(ABC):
     def start(self) -> None:
         """Start the worker threads now rather than at the first save, which may be an
         emergency save racing a notice's window (starting them there cost a 64 MiB emergency
-        save a quarter of its time; decision 055)."""
+        save about a fifth of its time; decision 055)."""
         self._executor()
 
     @contextlib.contextmanager
