@@ -419,11 +419,9 @@ class LocalStore(Store):
                         staged = _stream_ring()[index % len(_stream_ring())][: end - start]
                         staged[:] = source[start:end]
                         piece = staged.data
+                    hasher.update(piece)
                     writes.make_room()
                     writes.submit(piece, start)
-                    # Hashed while the disk reads it (both only read the piece): the write
-                    # goes out first, and this piece's hash overlaps its own write.
-                    hasher.update(piece)
                 writes.drain()
                 if body < len(data):
                     _clear_direct(fd)
