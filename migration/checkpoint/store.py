@@ -150,6 +150,7 @@ class Store(ABC):
         self._pool_lock = threading.Lock()
         self._local = threading.local()
         self._present: set[str] = set()
+        self._prepare_workers = False  # set by start()
 
     # ---- primitives a backend provides ------------------------------------------------------
 
@@ -258,7 +259,7 @@ class Store(ABC):
         """Run in each worker thread as it starts."""
         if background:
             lower_thread_priority()
-        else:
+        elif self._prepare_workers:
             self._prepare_worker()
 
     def _prepare_worker(self) -> None:  # noqa: B027
@@ -268,7 +269,9 @@ class Store(ABC):
     def start(self) -> None:
         """Start the worker threads now rather than at the first save, which may be an
         emergency save racing a notice's window (starting them there cost a 64 MiB emergency
-        save about a fifth of its time; decision 055)."""
+        save about a fifth of its time; decision 055), each ready for an emergency save. A store
+        not started so (the portal's region stores) gives its workers nothing up front."""
+        self._prepare_workers = True
         self._executor()
 
     @contextlib.contextmanager
