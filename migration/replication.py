@@ -284,9 +284,15 @@ def _since(started: float) -> float:
 
 def kept_steps(job: Job) -> set[tuple[int, str]]:
     """The (step, kind) of every checkpoint retention keeps: the newest committed ones, the
-    newest emergency one, and any a restore or a copy is using."""
+    newest emergency one, any a restore or a copy is using, and any newer than the newest
+    committed one (a save whose other ranks have not reported yet)."""
     committed = complete_checkpoints(job)
     keep = {(c.step, c.kind) for c in committed[: settings.BATON_KEEP_CHECKPOINTS]}
+    newest = _order(committed[0].step, committed[0].kind) if committed else None
+    saving = Checkpoint.objects.filter(job=job).exclude(status=CheckpointStatus.CORRUPT)
+    for step, kind in saving.values_list("step", "kind"):
+        if newest is None or _order(step, kind) > newest:
+            keep.add((step, kind))
     emergency = [c for c in committed if c.kind == CheckpointKind.EMERGENCY]
     if emergency:
         keep.add((emergency[0].step, emergency[0].kind))
@@ -306,6 +312,11 @@ def kept_steps(job: Job) -> set[tuple[int, str]]:
     return keep
 
 
+def _order(step: int, kind: str) -> tuple[int, int]:
+    """Checkpoints in the order of the store (by step, then periodic, emergency, final)."""
+    return ManifestRef("0", step, kind).sort_key[:2]
+
+
 def job_regions(job: Job) -> list[str]:
     """Every region that holds (or held) something of the job."""
     homes = Checkpoint.objects.filter(job=job, region__isnull=False).values_list(
@@ -319,18 +330,25 @@ def job_regions(job: Job) -> list[str]:
 
 def retain(job: Job) -> dict[str, Any]:
     """Remove what retention does not keep, from every region's store and from the database;
-    a region whose store cannot be reached keeps its copies until the next round."""
-    keep = kept_steps(job)
+    a region whose store cannot be reached keeps its copies until the next round.
+
+    Only checkpoints the database records are removed: a manifest it does not know of is a
+    save committing right now whose report is not in yet (read before `keep`, the rows miss
+    a checkpoint reported meanwhile, so it is not doomed either)."""
     rows = list(Checkpoint.objects.filter(job=job))
-    kept_keys = {row.manifest_key for row in rows if (row.step, row.kind) in keep}
+    keep = kept_steps(job)
     doomed = [row for row in rows if (row.step, row.kind) not in keep]
+    doomed_steps = {(row.step, row.kind) for row in doomed}
     removed: dict[str, int] = {}
     reached = True
     for region in job_regions(job):
         try:
             with open_region(region, job) as store:
-                removed[region] = store.retain(
-                    str(job.pk), kept_keys, grace_s=RETENTION_GRACE_S
+                refs = store.list(str(job.pk))
+                removed[region] = store.remove_checkpoints(
+                    str(job.pk),
+                    [ref for ref in refs if (ref.step, ref.kind) in doomed_steps],
+                    grace_s=RETENTION_GRACE_S,
                 ).bytes_removed
         except StoreError as exc:
             reached = False

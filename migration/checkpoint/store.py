@@ -621,8 +621,16 @@ class Store(ABC):
         """Remove every checkpoint of `job` whose manifest key is not in `keep`, then the chunks
         that no remaining manifest of any job in this store references (older than `grace_s`).
         """
+        return self.remove_checkpoints(
+            job, [ref for ref in self.list(job) if ref.key not in keep], grace_s=grace_s
+        )
+
+    def remove_checkpoints(
+        self, job: str, doomed: Collection[ManifestRef], *, grace_s: float = DEFAULT_GC_GRACE_S
+    ) -> GcStats:
+        """Remove these manifests of `job`, then the chunks that no remaining manifest of any
+        job in this store references (older than `grace_s`)."""
         stats = GcStats()
-        doomed = [ref for ref in self.list(job) if ref.key not in keep]
         self._delete([ref.key for ref in doomed])
         stats.manifests_removed = [ref.key for ref in doomed]
         referenced: set[str] = set()

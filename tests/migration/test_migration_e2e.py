@@ -149,6 +149,8 @@ def test_an_interrupted_job_migrates_and_finishes_bit_exact(
     assert migration.phase == "done"
     assert migration.lost_steps == 0
     events = list(TimelineEvent.objects.filter(migration=migration).order_by("id"))
+    for event in events:  # on a failure, why a phase went another way (printed whole)
+        print(event.kind, event.data)
     assert [e.kind for e in events] == MIGRATION_KINDS
     committed = next(e for e in events if e.kind == "checkpoint_committed")
     restored = next(e for e in events if e.kind == "restore_done")
@@ -287,10 +289,6 @@ def test_a_worker_killed_mid_migration_starts_exactly_one_new_instance(
     assert done.result["weights_sha256"] == twin_result(params, 500)
 
 
-# In two of three full runs on PostgreSQL (never alone, in 6 tries) the replica check of the
-# emergency checkpoint failed and the job rolled back to the previous one; the cause is not
-# found yet (the assertion below prints each event's data to find it). One rerun meanwhile.
-@pytest.mark.flaky(reruns=1)
 @pytest.mark.asyncio
 async def test_the_browser_sees_every_phase_live_and_a_reconnect_fills_the_gap(
     stack: Any, alice: Any, staff_client: Any, client_for: Any
@@ -341,9 +339,7 @@ async def test_the_browser_sees_every_phase_live_and_a_reconnect_fills_the_gap(
     )()
     assert ids == stored  # nothing missed
     migration_kinds = [e["kind"] for e in seen if e["migration"] is not None]
-    # On a failure, say why a phase went another way (a validation's data names the cause):
-    # printed whole, since an assertion message is cut short.
-    for event in seen:
+    for event in seen:  # on a failure, why a phase went another way (printed whole)
         print(event["kind"], event["data"])
     assert migration_kinds == MIGRATION_KINDS
 

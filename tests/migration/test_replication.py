@@ -12,6 +12,7 @@ import pytest
 
 from migration import orchestration, replication, services
 from migration.checkpoint import ManifestRef
+from migration.checkpoint.store import SaveResult
 from migration.choices import ReplicaStatus
 from migration.models import (
     CapacityPool,
@@ -67,13 +68,25 @@ class Trainer:
             "b": rng.random(ADAPTER_FLOATS, dtype=np.float32),
         }
 
-    def save(self, step: int, kind: str = "periodic") -> Checkpoint:
+    def save(self, step: int, kind: str = "periodic", rank: int = 0) -> Checkpoint:
+        return self.report(self.commit(step, kind, rank))
+
+    def commit(self, step: int, kind: str = "periodic", rank: int = 0) -> SaveResult:
+        """Write a checkpoint into the home store, not yet reported to the portal."""
         for tensor in self.adapter.values():
             tensor += 1.0
         with replication.open_region(self.home.code, self.job) as store:
-            saved = store.save(
-                str(self.job.pk), step, {"base": self.base, **self.adapter}, kind=kind
+            return store.save(
+                str(self.job.pk),
+                step,
+                {"base": self.base, **self.adapter},
+                kind=kind,
+                rank=rank,
+                world_size=self.job.nodes,
             )
+
+    def report(self, saved: SaveResult) -> Checkpoint:
+        step, kind = saved.ref.step, saved.ref.kind
         checkpoint = Checkpoint.objects.create(
             job=self.job,
             step=step,
@@ -258,6 +271,55 @@ def test_retention_keeps_the_newest_and_what_a_restore_uses_in_every_region(
     # Four checkpoints share one base: about one base and four adapters per region.
     per_region = BASE_MB * MIB + 4 * trainer.changed_bytes
     assert all(per_region <= b <= per_region + MIB for b in storage["regions"].values())
+
+
+def stored_steps(trainer: Trainer) -> set[tuple[int, int]]:
+    with replication.open_region(trainer.home.code, trainer.job) as store:
+        return {(ref.step, ref.rank) for ref in store.list(str(trainer.job.pk))}
+
+
+def test_retention_leaves_a_checkpoint_whose_report_is_not_in_yet(
+    trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An emergency save commits while a replication of the previous checkpoint ends with a
+    # round of retention: the portal has no row for it yet, and it must survive.
+    monkeypatch.setattr(replication, "RETENTION_GRACE_S", 0.0)
+    settings.BATON_KEEP_CHECKPOINTS = 1
+    for step in (10, 20):
+        trainer.save(step)
+    unreported = trainer.commit(25, kind="emergency")
+
+    replication.retain(trainer.job)
+
+    assert stored_steps(trainer) == {(20, 0), (25, 0)}
+    with replication.open_region(trainer.home.code, trainer.job) as store:
+        store.verify(unreported.ref)  # whole: its chunks were not swept either
+    trainer.report(unreported)
+    replication.retain(trainer.job)
+    assert stored_steps(trainer) == {(25, 0)}
+
+
+def test_retention_keeps_a_gang_checkpoint_until_every_rank_has_reported(
+    alice: Any,
+    catalogue: dict[str, Any],
+    regions: dict[str, Region],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replication, "RETENTION_GRACE_S", 0.0)
+    settings.BATON_KEEP_CHECKPOINTS = 1
+    trainer = Trainer(submit(alice, catalogue, nodes=2), regions["us-east-1"])
+    for rank in (0, 1):
+        trainer.save(10, rank=rank)
+    trainer.save(20, rank=0)  # rank 1 is still writing step 20
+    late = trainer.commit(20, rank=1)
+
+    replication.retain(trainer.job)
+
+    assert stored_steps(trainer) == {(10, 0), (10, 1), (20, 0), (20, 1)}
+    trainer.report(late)
+    replication.retain(trainer.job)
+    assert stored_steps(trainer) == {(20, 0), (20, 1)}
 
 
 def test_retention_never_removes_the_checkpoint_a_migration_restores(
