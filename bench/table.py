@@ -4,9 +4,11 @@ row's median to its baseline's (measured in the same run), and the target when t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -34,6 +36,22 @@ def print_table(title: str, unit: str, rows: list[Row], baseline: str) -> None:
         print(line)
 
 
+def median_interval(values: list[float], confidence: float = 0.9) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the k-th smallest and k-th
+    largest value, k the largest rank whose two tails hold at most 1 - `confidence` of the
+    binomial(n, 1/2) mass (with too few values for that, the minimum and maximum)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, k = 0.0, 0
+    while k < n // 2:
+        tail += math.comb(n, k) / 2**n  # P(fewer than k + 1 values below the median)
+        if 2 * tail > 1 - confidence:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
 def print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Rows of ready-made cells under a header, each column as wide as its widest cell (for
     tables whose rows mix units, such as the checkpoint benchmark's)."""
@@ -43,7 +61,7 @@ def print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
         print("  ".join(cell.ljust(width) for cell, width in cells).rstrip())
 
 
-def sections(parser: argparse.ArgumentParser, wanted: str, known: dict[str, object]) -> list[str]:
+def sections(parser: argparse.ArgumentParser, wanted: str, known: Collection[str]) -> list[str]:
     """The comma-separated section names asked for; an unknown one is a usage error."""
     names = [n.strip() for n in wanted.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]

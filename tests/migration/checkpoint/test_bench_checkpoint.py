@@ -1,0 +1,61 @@
+"""`bench/checkpoint.py`: a user runs one part of the benchmark and reads its verdicts."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+pytestmark = pytest.mark.slow
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "checkpoint.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+def test_the_async_section_judges_its_target_by_the_interval_of_the_median(
+    tmp_path: Path,
+) -> None:
+    out = _bench(
+        "--sections", "async", "--dir", str(tmp_path), "--async-mb", "8",
+        "--async-pairs", "5", "--async-per-block", "2", "--async-interval", "0.2",
+    )  # fmt: skip
+
+    assert out.returncode == 0, out.stderr
+    assert "This machine's limits" not in out.stdout  # only the part asked for ran
+    found = re.search(
+        r"5 pairs of 2 .* cost ([+-]\d+\.\d)% \(90% interval of the median ([+-]\d+\.\d) to "
+        r"([+-]\d+\.\d); min-max ([+-]\d+\.\d) to ([+-]\d+\.\d)\)\s+cost <= 2%\s+(.+)",
+        out.stdout,
+    )
+    assert found, out.stdout
+    median, low, high, least, most = (float(found.group(i)) for i in range(1, 6))
+    assert least <= low <= median <= high <= most
+    # Five pairs are too few for a 90% interval inside the extremes: it is min to max.
+    assert (low, high) == (least, most)
+    verdict = found.group(6).strip()
+    if high <= 2.0:
+        assert verdict == "met"
+    elif low > 2.0:
+        assert verdict == "MISSED"
+    else:
+        assert verdict.startswith("not judged")
+    assert list(tmp_path.iterdir()) == []  # the scratch folder is left as it was
+
+
+def test_an_unknown_section_is_named() -> None:
+    out = _bench("--sections", "async,speed")
+
+    assert out.returncode == 2
+    assert "unknown section(s) ['speed']" in out.stderr
