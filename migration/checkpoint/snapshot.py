@@ -45,7 +45,7 @@ def aligned_empty(nbytes: int, align: int = 4096, *, huge: bool = False) -> np.n
     compaction can stall for most of a second).
 
     `huge` asks for transparent huge pages on purpose, for buffers the disk reads into or
-    writes from directly (a store's staging buffers, a restore's tensors): a direct write
+    writes from directly (a store's staging buffers): a direct write
     from 2 MiB pages is one segment per page where 4 KiB pages need 256 per MiB, and a
     virtual disk that takes at most a few hundred segments per request splits every 1 MiB
     write from 4 KiB pages in two (decision 055). Where the kernel gives no huge pages the

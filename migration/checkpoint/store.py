@@ -555,13 +555,16 @@ class Store(ABC):
             if offset != buf.nbytes:
                 raise CorruptManifest(ref.key, f"{where}: chunks hold {offset} of {buf.nbytes}")
 
+        # Ordinary pages, not huge ones: fresh huge pages for every restore were fast on one
+        # machine and took twice as long, from one restore to the next, on another (decision
+        # 055); the staging rings of writes keep theirs, allocated once.
         pack = np.empty(0, np.uint8)
         if manifest.pack:
-            pack = aligned_empty(manifest.pack["nbytes"], huge=True)
+            pack = aligned_empty(manifest.pack["nbytes"])
             read_into(pack, manifest.pack["chunks"], "pack")
         for name, entry in manifest.tensors.items():
             if "chunks" in entry:
-                raws[name] = aligned_empty(entry["nbytes"], huge=True)
+                raws[name] = aligned_empty(entry["nbytes"])
                 read_into(raws[name], entry["chunks"], f"tensor {name}")
         self._run_all(futures)
         tensors: dict[str, Any] = {}

@@ -211,14 +211,14 @@ def test_huge_page_buffers_start_on_a_huge_page_and_small_ones_stay_ordinary() -
     assert small.nbytes == 300 * 1024 and small.ctypes.data % 4096 == 0
 
 
-def test_a_restore_lands_in_huge_page_buffers_and_matches(tmp_path: Path) -> None:
+def test_a_restore_reads_into_page_aligned_buffers_and_matches(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     state = unaligned_state(8)
     ref = store.save("job", 1, state).ref
     loaded = store.load(ref).state
     assert_same_state(loaded, state)
     big = max(loaded.values(), key=lambda a: a.nbytes)
-    assert big.ctypes.data % (2 * 1024 * 1024) == 0
+    assert big.ctypes.data % 4096 == 0  # the disk reads straight into it (O_DIRECT)
     store.close()
 
 
