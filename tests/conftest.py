@@ -125,6 +125,17 @@ def catalogue(db: None) -> dict[str, Any]:
     return {"region": region, "accelerators": acc, "pools": pools}
 
 
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `bench/<script>` as a user would, from the project root; its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
 def submit(owner: Any, catalogue: dict[str, Any], accelerator: str = "T4", **fields: Any) -> Any:
     """Submit an mlp_numpy job through the service, as the API would."""
     from jobs.services import submit_job

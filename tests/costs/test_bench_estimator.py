@@ -5,21 +5,9 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "estimator.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+from tests.conftest import run_bench
 
 
 def test_it_evaluates_any_folder_of_traces_out_of_sample(tmp_path: Path) -> None:
@@ -33,7 +21,8 @@ def test_it_evaluates_any_folder_of_traces_out_of_sample(tmp_path: Path) -> None
         payload = {"metadata": {"gap_seconds": 3600}, "data": data[:200]}
         (tmp_path / f"{name}.json").write_text(json.dumps(payload))
 
-    done = _bench(
+    done = run_bench(
+        "estimator.py",
         *("--traces", str(tmp_path), "--workers", "1"),
         "--task-hours",
         "20",
@@ -49,9 +38,9 @@ def test_it_evaluates_any_folder_of_traces_out_of_sample(tmp_path: Path) -> None
 
 
 def test_a_folder_without_traces_or_with_a_bad_one_gets_one_line(tmp_path: Path) -> None:
-    empty = _bench("--traces", str(tmp_path))
+    empty = run_bench("estimator.py", "--traces", str(tmp_path))
     (tmp_path / "bad.json").write_text('{"metadata": {"gap_seconds": 60}, "data": [0, -1]}')
-    bad = _bench("--traces", str(tmp_path))
+    bad = run_bench("estimator.py", "--traces", str(tmp_path))
 
     assert empty.returncode != 0 and "no trace files" in empty.stderr
     assert bad.returncode != 0 and "value -1 at tick 1" in bad.stderr

@@ -3,31 +3,19 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.conftest import run_bench
 
 pytestmark = pytest.mark.slow
-
-
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "checkpoint.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
 
 
 def test_the_async_section_judges_its_target_by_the_interval_of_the_median(
     tmp_path: Path,
 ) -> None:
-    out = _bench(
+    out = run_bench("checkpoint.py",
         "--sections", "async", "--dir", str(tmp_path), "--async-mb", "8",
         "--async-pairs", "5", "--async-per-block", "2", "--async-interval", "0.2",
     )  # fmt: skip
@@ -55,7 +43,7 @@ def test_the_async_section_judges_its_target_by_the_interval_of_the_median(
 
 
 def test_an_unknown_section_is_named() -> None:
-    out = _bench("--sections", "async,speed")
+    out = run_bench("checkpoint.py", "--sections", "async,speed")
 
     assert out.returncode == 2
     assert "unknown section(s) ['speed']" in out.stderr
