@@ -33,12 +33,15 @@ def test_the_async_section_judges_its_target_by_the_interval_of_the_median(
     # Five pairs are too few for a 90% interval inside the extremes: it is min to max.
     assert (low, high) == (least, most)
     verdict = found.group(6).strip()
-    if high <= 2.0:
+    # The figures are printed to 0.1; within 0.05 of the 2% target the rounding hides the side.
+    if high < 1.95:
         assert verdict == "met"
-    elif low > 2.0:
+    elif low > 2.05:
         assert verdict == "MISSED"
-    else:
+    elif low < 1.95 and high > 2.05:
         assert verdict.startswith("not judged")
+    else:
+        assert verdict in ("met", "MISSED") or verdict.startswith("not judged")
     assert list(tmp_path.iterdir()) == []  # the scratch folder is left as it was
 
 
