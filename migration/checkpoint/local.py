@@ -373,14 +373,8 @@ class LocalStore(Store):
 
     def _streams(self, kind: str) -> bool:
         # An emergency save races the notice window, and trained tensors have changed since
-        # the last save; an empty store can hold none of the chunks; after a save that found
-        # most of its bytes new, the next one most likely will too. A chunk streamed that the
-        # store had after all is dropped: one write too many, and no wait for the hash first.
-        return (
-            self.direct
-            and self.fsync
-            and (kind == EMERGENCY or self._mostly_new or not self._list_dirs("chunks/"))
-        )
+        # the last save; an empty store can hold none of the chunks.
+        return self.direct and self.fsync and (kind == EMERGENCY or not self._list_dirs("chunks/"))
 
     def _open_direct(self, tmp: Path) -> int | None:
         """A new file opened for O_DIRECT writes, or None once this file system refused it

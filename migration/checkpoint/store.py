@@ -151,9 +151,6 @@ class Store(ABC):
         self._local = threading.local()
         self._present: set[str] = set()
         self._prepare_workers = False  # set by start()
-        # Whether the last save through this store found at least half of its bytes new (a
-        # model that trains all of its weights): the next one then streams (`_streams`).
-        self._mostly_new = False
 
     # ---- primitives a backend provides ------------------------------------------------------
 
@@ -182,8 +179,7 @@ class Store(ABC):
     def _streams(self, kind: str) -> bool:
         """Whether this save writes its unknown chunks while hashing them (`_write_streaming`)
         instead of hashing first and asking whether the store has them: right when they
-        almost surely are new (backends that can stream override this; `_mostly_new` says
-        whether the last save's were)."""
+        almost surely are new (backends that can stream override this)."""
         return False
 
     def _write_streaming(self, data: memoryview) -> tuple[str, object] | None:
@@ -413,7 +409,6 @@ class Store(ABC):
         except BaseException:
             writer.abandon()
             raise
-        self._mostly_new = 2 * writer.bytes_new >= snapshot.bytes_total
         if verify:
             self._verify_chunks(writer.new_chunks)
         if cancel is not None and cancel():
