@@ -13,8 +13,7 @@ process, interleaved with it repetition by repetition (the contenders take turns
 rotating), and printed as the median of the per-repetition ratios with their minimum and
 maximum, so a noisy neighbour shows as spread instead of skewing one side:
 
-- full save of a state of N MiB (the first into an empty store, and the next one into the same
-  store with every chunk changed) against the raw write of the same bytes (the fastest by
+- full save of a state of N MiB against the raw write of the same bytes (the fastest by
   median of buffered, O_DIRECT and O_DIRECT from huge pages, fsynced), torch.save, safetensors
   save_file, numpy.savez and PyTorch's distributed checkpoint
   (`torch.distributed.checkpoint.save`, one process). Every contender writes a fresh file,
@@ -416,19 +415,6 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         store.close()
         return seconds
 
-    def baton_next() -> float:
-        """The save after that, of a job that trains every weight: into the same store, every
-        chunk changed since."""
-        store = LocalStore(fresh(store_dir))
-        store.start()
-        store.save("bench", 1, state)
-        touch_every_chunk(state)
-        started = time.perf_counter()
-        store.save("bench", 2, state)
-        seconds = time.perf_counter() - started
-        store.close()
-        return seconds
-
     def torch_save() -> float:
         import torch
 
@@ -466,11 +452,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         dcp.save(tensors, checkpoint_id=str(path))  # fsyncs its files (sync_files=True)
         return time.perf_counter() - started
 
-    contenders: dict[str, Callable[[], float]] = {
-        **raw_writes(flat, work),
-        "baton": baton,
-        "baton next": baton_next,
-    }
+    contenders: dict[str, Callable[[], float]] = {**raw_writes(flat, work), "baton": baton}
     if HAS_TORCH:
         contenders["torch.save"] = torch_save
         contenders["DCP"] = dcp_save
@@ -502,16 +484,6 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         None,
         "",
         f"{ratios(saves['baton'], fastest_each).ratio()} raw",
-    )
-    spread = ratios(saves["baton next"], saves["raw"])
-    row(
-        "Baton full save, the next one (same store, every chunk changed)",
-        label,
-        Spread(saves["baton next"]),
-        gibps(total, Spread(saves["baton next"]).median),
-        f"{spread.ratio()} raw",
-        "<= 1.05x raw",
-        verdict(spread.median, 1.05),
     )
     for name, title in (
         ("torch.save", "torch.save + fsync"),
