@@ -244,6 +244,18 @@ def fastest_raw(times: dict[str, list[float]]) -> tuple[str, list[float], list[f
     return name, ways[name], each
 
 
+def row_against_each_fastest(label: str, seconds: list[float], fastest_each: list[float]) -> None:
+    """The row above against the fastest raw way in each repetition (the biased-low baseline
+    of earlier runs, printed for comparison)."""
+    row(
+        "  the same / the fastest raw way in each repetition (biased low)",
+        label,
+        None,
+        "",
+        f"{ratios(seconds, fastest_each).ratio()} raw",
+    )
+
+
 def restore_in_child(kind: str, path: Path, key: str) -> float:
     """Seconds a fresh process takes to load a checkpoint, timed inside it around the load
     call alone (imports and cache eviction excluded)."""
@@ -478,13 +490,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         "<= 1.05x raw",
         verdict(spread.median, 1.05),
     )
-    row(
-        "  the same / the fastest raw way in each repetition (biased low)",
-        label,
-        None,
-        "",
-        f"{ratios(saves['baton'], fastest_each).ratio()} raw",
-    )
+    row_against_each_fastest(label, saves["baton"], fastest_each)
     for name, title in (
         ("torch.save", "torch.save + fsync"),
         ("safetensors", "safetensors save_file + fsync"),
@@ -587,13 +593,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         "<= 1.10x raw",
         verdict(spread.median, 1.1),
     )
-    row(
-        "  the same / the fastest raw way in each repetition (biased low)",
-        label,
-        None,
-        "",
-        f"{ratios(result['emergency'], fastest_each).ratio()} raw",
-    )
+    row_against_each_fastest(label, result["emergency"], fastest_each)
     for leftover in ("raw.bin", "model.pt", "model.safetensors", "model.npz", "dcp", "store"):
         fresh(work / leftover)
 
