@@ -213,11 +213,11 @@ def save_directory(
         referenced = {chunk for e in files.values() for chunk, _ in e.get("chunks", ())}
         writer.drop([chunk for chunk in list(writer.new_chunks) if chunk not in referenced])
         writer.finish()
+        if cancel is not None and cancel():
+            raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
     except BaseException:
         writer.abandon()
         raise
-    if cancel is not None and cancel():
-        raise SaveCancelled(f"directory save {ref} cancelled before its manifest")
     files = dict(sorted(files.items()))
     if label is not None:
         ref = ManifestRef(ref.job, int(label(files)), ref.kind, ref.rank)

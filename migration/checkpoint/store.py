@@ -173,6 +173,13 @@ class Store(ABC):
     def _finish_chunks(self, tokens: builtins.list[object]) -> None:  # noqa: B027
         """Make the chunks behind these `_write_chunk` tokens durable and visible."""
 
+    def _start_finishing(self, tokens: builtins.list[object]) -> Callable[[], None]:
+        """Begin `_finish_chunks`; the call returned waits until it is done (and raises what
+        failed). Backends whose finishing waits on the disk start it in the background, so a
+        save builds its manifest meanwhile."""
+        self._finish_chunks(tokens)
+        return lambda: None
+
     def _abandon_chunks(self, tokens: builtins.list[object]) -> None:  # noqa: B027
         """Drop the chunks behind tokens of a save that will not commit."""
 
@@ -196,11 +203,20 @@ class Store(ABC):
     def _sync_chunks(self, chunks: Iterable[str]) -> None:
         """Make the chunks written so far durable (called before their manifest is written)."""
 
-    def _commit_manifest(self, key: str, data: bytes, new_chunks: Iterable[str]) -> None:
+    def _commit_manifest(
+        self,
+        key: str,
+        data: bytes,
+        new_chunks: Iterable[str],
+        chunks_finished: Callable[[], None] | None = None,
+    ) -> None:
         """Make the new chunks durable, then write the manifest: the commit point.
 
-        Backends may overlap the two as long as the manifest becomes visible only after the
-        chunks are durable."""
+        `chunks_finished` waits for the new chunks' `_start_finishing`. Backends may overlap
+        the manifest's write with the chunks' as long as the manifest becomes visible only
+        after the chunks are durable and visible."""
+        if chunks_finished is not None:
+            chunks_finished()
         self._sync_chunks(new_chunks)
         self._put_object(key, data)
 
@@ -401,18 +417,20 @@ class Store(ABC):
         ref = ManifestRef(check_job(job), int(step), check_kind(kind), int(rank))
         writer = _ChunkWriter(self, cancel, stream=self._streams(ref.kind))
         try:
-            pack_chunks = writer.add(snapshot.pack) if snapshot.pack is not None else None
+            # The large tensors first: their writes set the pace, the small ones' pack waits.
             tensor_chunks = [
                 writer.add(source.data, known=source.known_chunks) for source in snapshot.tensors
             ]
+            pack_chunks = writer.add(snapshot.pack) if snapshot.pack is not None else None
             writer.finish()
+            if verify:
+                writer.finished()
+                self._verify_chunks(writer.new_chunks)
+            if cancel is not None and cancel():
+                raise SaveCancelled(f"save of {ref} cancelled before its manifest")
         except BaseException:
             writer.abandon()
             raise
-        if verify:
-            self._verify_chunks(writer.new_chunks)
-        if cancel is not None and cancel():
-            raise SaveCancelled(f"save of {ref} cancelled before its manifest")
         tensors: dict[str, dict[str, Any]] = {}
         for source, handle in zip(snapshot.tensors, tensor_chunks, strict=True):
             tensors[source.name] = {**source.describe(), "chunks": writer.result(handle)}
@@ -469,7 +487,11 @@ class Store(ABC):
             meta=meta,
             **content,
         )
-        self._commit_manifest(ref.key, manifest.to_json(), writer.new_chunks)
+        try:
+            self._commit_manifest(ref.key, manifest.to_json(), writer.new_chunks, writer.finished)
+        except BaseException:
+            writer.abandon()
+            raise
         seconds = time.perf_counter() - started
         logger.debug(
             "committed %s: %d of %d bytes new in %.3fs",
@@ -796,6 +818,8 @@ class _ChunkWriter:
         self.futures: list[Future[tuple[str, int]]] = []
         self.tokens: list[object] = []
         self.token_of: dict[str, object] = {}
+        self.finishing: list[object] = []
+        self.wait_finishing: Callable[[], None] | None = None
 
     def add(self, data: memoryview | None, known: ChunkList | None = None) -> tuple[int, int]:
         """Queue one byte range; returns a handle for `result`.
@@ -856,19 +880,23 @@ class _ChunkWriter:
         return chunk, len(view)
 
     def finish(self) -> None:
-        """Wait for every queued chunk, then make the new ones durable and visible (their
-        folders are synced with the manifest commit)."""
+        """Wait for every queued chunk to be written, then start making the new ones durable
+        and visible: the save builds its manifest meanwhile, and `finished` (called by the
+        manifest's commit before the manifest becomes visible) waits for it."""
         try:
             self.store._run_all(list(self.futures), self.abort)
         except BaseException:
             self.abort.set()
             raise
-        tokens, self.tokens = self.tokens, []
-        try:
-            self.store._finish_chunks(tokens)
-        except BaseException:
-            self.store._abandon_chunks(tokens)
-            raise
+        self.finishing, self.tokens = self.tokens, []
+        self.wait_finishing = self.store._start_finishing(self.finishing)
+
+    def finished(self) -> None:
+        """Wait until the new chunks are durable and visible (after `finish`)."""
+        if self.wait_finishing is None:
+            raise StoreError("finished() before finish()")
+        self.wait_finishing()
+        self.finishing = []
         self.store._present.update(self.new_chunks)
 
     def drop(self, chunks: Iterable[str]) -> None:
@@ -884,9 +912,13 @@ class _ChunkWriter:
                     self.store._abandon_chunks([token])
 
     def abandon(self) -> None:
-        """Drop what a save that will not commit wrote but did not finish."""
+        """Drop what a save that will not commit wrote but did not finish (a chunk that got
+        its name is durable and stays, for gc)."""
         self.abort.set()
-        tokens, self.tokens = self.tokens, []
+        if self.wait_finishing is not None:
+            with contextlib.suppress(Exception):  # its error is the one already raised
+                self.wait_finishing()
+        tokens, self.tokens, self.finishing = [*self.tokens, *self.finishing], [], []
         self.store._abandon_chunks(tokens)
 
     def result(self, handle: tuple[int, int]) -> ChunkList:

@@ -233,3 +233,78 @@ def test_a_checkpointer_starts_its_stores_threads_before_any_save(tmp_path: Path
     assert any(name.startswith("baton-io") for name in started)
     ckpt.close()
     store.close()
+
+
+def record_durability(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every fsync (of the path behind the descriptor) and rename (of its destination), in
+    the order they finished."""
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        with lock:
+            events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        real_replace(src, dst)
+        with lock:
+            events.append(("rename", str(src)))
+            events.append(("named", str(dst)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+@pytest.mark.parametrize("streams", [True, False])
+def test_a_commit_names_a_chunk_only_once_durable_and_the_manifest_only_after_every_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streams: bool
+) -> None:
+    # The manifest's temporary file is written beside the chunks' fsyncs; what a crash may
+    # leave must still be a whole checkpoint or none (decision 005).
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
+    monkeypatch.setattr(store, "_streams", lambda kind: streams)
+    events = record_durability(monkeypatch)
+    result = store.save("job-1", 1, unaligned_state(4))
+    store.close()
+    order = {event: i for i, event in enumerate(events)}
+    chunks_dir = str((tmp_path / "store" / "chunks").resolve())
+    named = [(i, path) for (kind, path), i in order.items() if kind == "named"]
+    chunk_names = [(i, p) for i, p in named if p.startswith(chunks_dir)]
+    assert len(chunk_names) == result.chunks_new == 5
+    manifest_named = max(i for i, p in named if p.endswith(result.ref.key.rsplit("/", 1)[-1]))
+    for i, path in chunk_names:
+        tmp = events[i - 1][1]
+        assert order[("fsync", str(Path(tmp).resolve()))] < i, f"{path} named before durable"
+        assert i < manifest_named
+        folder = str(Path(path).parent.resolve())
+        assert i < order[("fsync", folder)] < manifest_named, f"{folder} not synced in time"
+    manifests = str((tmp_path / "store" / "jobs" / "job-1" / "manifests").resolve())
+    assert order[("fsync", manifests)] > manifest_named
+
+
+def test_a_failed_chunk_fsync_fails_the_save_and_leaves_no_manifest_or_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
+    before = store.save("job-1", 1, {"w": np.zeros(1 << 18, np.float32)}).ref
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if "/chunks/" in path and ".tmp-" in path:
+            raise OSError(errno.EIO, "injected fsync error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="injected fsync error"):
+        store.save("job-1", 2, unaligned_state(3))
+    monkeypatch.setattr(os, "fsync", real)
+    assert store.latest("job-1") == before
+    leftovers = [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    assert store.list("job-1") == [before]
+    assert_same_state({"w": np.zeros(1 << 18, np.float32)}, store.load(before).state)
+    store.close()
