@@ -95,7 +95,7 @@ def cancel_job(job_id: int, by: User) -> CancelOutcome:
     """Cancel a job: release its instances and record why. Idempotent for finished jobs."""
     from migration.services import release_job_instances
 
-    job = Job.objects.select_for_update().get(pk=job_id)
+    job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
     if is_finished(job.state):
         raise JobAlreadyFinished(f"job {job.pk} is already {job.state}")
     released = release_job_instances(job, reason="cancelled")

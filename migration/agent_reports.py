@@ -196,9 +196,11 @@ def record_agent_events(instance_id: int, events: list[dict[str, Any]]) -> int:
     job_id = Instance.objects.values_list("job_id", flat=True).get(pk=instance_id)
     with transaction.atomic():
         # Lock order everywhere: the job, then its instances (as cancel and the migration do).
-        job = Job.objects.select_for_update().get(pk=job_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
         instance = (
-            Instance.objects.select_for_update().select_related("pool__region").get(pk=instance_id)
+            Instance.objects.select_for_update(no_key=True)
+            .select_related("pool__region")
+            .get(pk=instance_id)
         )
         for event in sorted(events, key=lambda e: e["seq"]):
             if event["seq"] <= instance.last_event_seq:

@@ -76,7 +76,9 @@ def record_event(
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside transaction.atomic()")
-    type(job).objects.select_for_update().filter(pk=job.pk).values_list("pk", flat=True).first()
+    type(job).objects.select_for_update(no_key=True).filter(pk=job.pk).values_list(
+        "pk", flat=True
+    ).first()
     event = TimelineEvent.objects.create(
         job=job, migration=migration, kind=kind, at=timezone.now(), data=data or {}
     )

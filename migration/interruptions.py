@@ -41,8 +41,8 @@ def interrupt_instance(
         raise Instance.DoesNotExist(f"instance {instance_id} does not exist")
     with transaction.atomic():
         # Lock order everywhere: the job, then its instances.
-        Job.objects.select_for_update().filter(pk=job_id).values_list("pk").first()
-        instance = Instance.objects.select_for_update().get(pk=instance_id)
+        Job.objects.select_for_update(no_key=True).filter(pk=job_id).values_list("pk").first()
+        instance = Instance.objects.select_for_update(no_key=True).get(pk=instance_id)
         if instance.state != InstanceState.RUNNING:
             raise InstanceNotRunning(f"instance {instance.pk} is {instance.state}, not running")
         if instance.final_notice_at is not None:
@@ -76,8 +76,12 @@ def reclaim_instance(instance_id: int) -> bool:
     if job_id is None:
         return False
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        instance = Instance.objects.select_for_update().select_related("pool").get(pk=instance_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+        instance = (
+            Instance.objects.select_for_update(no_key=True)
+            .select_related("pool")
+            .get(pk=instance_id)
+        )
         if instance.state not in ACTIVE_INSTANCE_STATES or instance.reclaim_at is None:
             return False
         if instance.reclaim_at > timezone.now():

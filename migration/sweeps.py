@@ -52,8 +52,12 @@ def _end(instance_id: int, reason: str) -> bool:
     """Declare one instance gone (lost or failed to start), under the job's lock first."""
     job_id = Instance.objects.values_list("job_id", flat=True).get(pk=instance_id)
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        instance = Instance.objects.select_for_update().select_related("pool").get(pk=instance_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+        instance = (
+            Instance.objects.select_for_update(no_key=True)
+            .select_related("pool")
+            .get(pk=instance_id)
+        )
         if instance.state not in ACTIVE_INSTANCE_STATES:
             return False
         logger.warning("instance %s of job %s is %s", instance.pk, job.pk, reason)
@@ -150,7 +154,7 @@ def review_markets() -> int:
         if decision is None:
             continue
         with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
+            job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
             if orchestration.start_planned_migration(job, MigrationTrigger.POLICY, decision.reason):
                 moved += 1
     return moved

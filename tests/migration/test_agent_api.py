@@ -3,15 +3,18 @@ does to instances, jobs, checkpoints and the timeline."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from jobs.models import Job
-from migration import services
+from migration import agent_reports, services
 from migration.agent_tokens import issue_agent_token
-from migration.models import Checkpoint, Instance, InterruptionEvent, TimelineEvent
+from migration.models import Checkpoint, Instance, InterruptionEvent, LogLine, TimelineEvent
 from tests.conftest import submit
 
 pytestmark = pytest.mark.django_db
@@ -260,3 +263,53 @@ def test_a_timestamp_without_a_zone_is_read_as_utc(placed: dict[str, Any]) -> No
     send(placed["agents"][0], {"seq": 1, "type": "heartbeat", "at": "2030-01-01T12:00:00"})
 
     assert Instance.objects.get(rank=0).last_heartbeat == datetime(2030, 1, 1, 12, tzinfo=UTC)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_log_lines_go_in_while_an_event_batch_holds_its_job_and_instance(
+    placed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An event batch locks the job and the instance while it applies; log lines are rows that
+    # reference both. Under FOR UPDATE locks the lines waited, and a batch of lines and a
+    # batch of events taking the two rows in opposite orders deadlocked on PostgreSQL.
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks exist on PostgreSQL only")
+    instance = Instance.objects.filter(job=placed["job"]).order_by("rank").first()
+    assert instance is not None
+    holding, release = threading.Event(), threading.Event()
+    heartbeat = agent_reports.HANDLERS["heartbeat"]
+
+    def slow_heartbeat(instance: Instance, job: Job, event: dict[str, Any]) -> None:
+        heartbeat(instance, job, event)
+        holding.set()
+        release.wait(20)
+
+    def in_thread(work: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                work()
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    monkeypatch.setitem(agent_reports.HANDLERS, "heartbeat", slow_heartbeat)
+    events = in_thread(
+        lambda: agent_reports.record_agent_events(instance.pk, [{"seq": 1, "type": "heartbeat"}])
+    )
+    try:
+        assert holding.wait(10), "the event batch never took its locks"
+        started = time.monotonic()
+        lines = in_thread(lambda: agent_reports.record_log_lines(instance.pk, [{"line": "step 1"}]))
+        lines.join(5)
+        waited = time.monotonic() - started
+        assert not lines.is_alive(), "log lines waited for the event batch's locks"
+    finally:
+        release.set()
+        events.join(20)
+    assert waited < 5
+    assert LogLine.objects.filter(instance=instance, line="step 1").count() == 1
+    instance.refresh_from_db()
+    assert instance.last_event_seq == 1
