@@ -17,7 +17,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import cast
@@ -28,7 +28,7 @@ from .errors import CorruptChunk, ManifestNotFound, StoreError
 from .hashing import new_hasher
 from .manifest import EMERGENCY
 from .snapshot import aligned_empty
-from .store import DEFAULT_CHUNK_SIZE, Store, _start_all_threads
+from .store import DEFAULT_CHUNK_SIZE, Store, Wait, _start_all_threads
 
 logger = logging.getLogger(__name__)
 
@@ -445,7 +445,7 @@ class LocalStore(Store):
     def _finish_chunks(self, tokens: list[object]) -> None:
         self._start_finishing(tokens)()
 
-    def _start_finishing(self, tokens: list[object]) -> Callable[[], None]:
+    def _start_finishing(self, tokens: list[object]) -> Wait:
         # Each chunk's fsync on a worker of its own: fsyncs issued together share journal
         # commits and device-cache flushes; one per chunk as it is written made them the
         # largest cost of a full save (decision 005).
@@ -523,16 +523,10 @@ class LocalStore(Store):
         list(self._executor().map(fsync_dir, folders))
 
     def _commit_manifest(
-        self,
-        key: str,
-        data: bytes,
-        new_chunks: Iterable[str],
-        chunks_finished: Callable[[], None] | None = None,
+        self, key: str, data: bytes, new_chunks: Iterable[str], chunks_finished: Wait | None = None
     ) -> None:
         if not self.fsync:
-            if chunks_finished is not None:
-                chunks_finished()
-            self._put_object(key, data)
+            super()._commit_manifest(key, data, new_chunks, chunks_finished)
             return
         # Each durability barrier costs a journal commit and waits for the device's cache, so
         # the manifest's temporary file is written and synced beside the new chunks' fsyncs,

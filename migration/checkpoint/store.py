@@ -56,6 +56,8 @@ DEFAULT_GC_GRACE_S = 600.0
 BACKGROUND_NICE = 10
 
 Cancel = Callable[[], bool]
+# Waits until something started earlier is done (and raises what failed in it).
+Wait = Callable[[], None]
 
 
 def lower_thread_priority() -> None:
@@ -173,7 +175,7 @@ class Store(ABC):
     def _finish_chunks(self, tokens: builtins.list[object]) -> None:  # noqa: B027
         """Make the chunks behind these `_write_chunk` tokens durable and visible."""
 
-    def _start_finishing(self, tokens: builtins.list[object]) -> Callable[[], None]:
+    def _start_finishing(self, tokens: builtins.list[object]) -> Wait:
         """Begin `_finish_chunks`; the call returned waits until it is done (and raises what
         failed). Backends whose finishing waits on the disk start it in the background, so a
         save builds its manifest meanwhile."""
@@ -204,11 +206,7 @@ class Store(ABC):
         """Make the chunks written so far durable (called before their manifest is written)."""
 
     def _commit_manifest(
-        self,
-        key: str,
-        data: bytes,
-        new_chunks: Iterable[str],
-        chunks_finished: Callable[[], None] | None = None,
+        self, key: str, data: bytes, new_chunks: Iterable[str], chunks_finished: Wait | None = None
     ) -> None:
         """Make the new chunks durable, then write the manifest: the commit point.
 
@@ -819,7 +817,7 @@ class _ChunkWriter:
         self.tokens: list[object] = []
         self.token_of: dict[str, object] = {}
         self.finishing: list[object] = []
-        self.wait_finishing: Callable[[], None] | None = None
+        self.wait_finishing: Wait | None = None
 
     def add(self, data: memoryview | None, known: ChunkList | None = None) -> tuple[int, int]:
         """Queue one byte range; returns a handle for `result`.
