@@ -3,7 +3,9 @@
 A file rewritten with mostly the same content (a `torch.save` of a model whose frozen tensors
 did not change) gets most of the same chunk boundaries again, because a boundary depends only
 on the bytes just before it, not on its offset: a changed tensor changes the chunks it covers
-and at most one chunk on either side. The choice and its measurement are in
+and, usually, one chunk on either side (a few more now and then: in 3000 random files of 8 MiB
+with 100 KB inserted, the chunks around the insertion added 122 KB at the median, 408 KB at
+the 99th percentile and 674 KB at most). The choice and its measurement are in
 docs/decisions/061-content-defined-chunking.md.
 
 A file is read in segments with `pread` (never mapped: a file truncated while it is read would
