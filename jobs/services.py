@@ -20,6 +20,7 @@ from migration.choices import TimelineKind
 from migration.events import record_event
 from portal.enqueue import enqueue_on_commit
 from portal.files import private_text
+from portal.locks import lock_rows
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -95,7 +96,7 @@ def cancel_job(job_id: int, by: User) -> CancelOutcome:
     """Cancel a job: release its instances and record why. Idempotent for finished jobs."""
     from migration.services import release_job_instances
 
-    job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+    job = lock_rows(Job.objects).get(pk=job_id)
     if is_finished(job.state):
         raise JobAlreadyFinished(f"job {job.pk} is already {job.state}")
     released = release_job_instances(job, reason="cancelled")

@@ -31,6 +31,7 @@ from migration.choices import (
 from migration.events import broadcast
 from migration.models import Checkpoint, Instance, InterruptionEvent, LogLine
 from portal.enqueue import enqueue_on_commit
+from portal.locks import lock_rows
 
 logger = logging.getLogger(__name__)
 
@@ -196,12 +197,8 @@ def record_agent_events(instance_id: int, events: list[dict[str, Any]]) -> int:
     job_id = Instance.objects.values_list("job_id", flat=True).get(pk=instance_id)
     with transaction.atomic():
         # Lock order everywhere: the job, then its instances (as cancel and the migration do).
-        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
-        instance = (
-            Instance.objects.select_for_update(no_key=True)
-            .select_related("pool__region")
-            .get(pk=instance_id)
-        )
+        job = lock_rows(Job.objects).get(pk=job_id)
+        instance = lock_rows(Instance.objects).select_related("pool__region").get(pk=instance_id)
         for event in sorted(events, key=lambda e: e["seq"]):
             if event["seq"] <= instance.last_event_seq:
                 continue

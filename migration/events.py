@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from migration.models import TimelineEvent
+from portal.locks import lock_rows
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -76,9 +77,7 @@ def record_event(
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside transaction.atomic()")
-    type(job).objects.select_for_update(no_key=True).filter(pk=job.pk).values_list(
-        "pk", flat=True
-    ).first()
+    lock_rows(type(job).objects).filter(pk=job.pk).values_list("pk", flat=True).first()
     event = TimelineEvent.objects.create(
         job=job, migration=migration, kind=kind, at=timezone.now(), data=data or {}
     )

@@ -21,6 +21,7 @@ from migration import orchestration
 from migration.choices import ACTIVE_INSTANCE_STATES, InstanceState
 from migration.models import Instance
 from portal.enqueue import enqueue_on_commit
+from portal.locks import lock_rows
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ def interrupt_instance(
         raise Instance.DoesNotExist(f"instance {instance_id} does not exist")
     with transaction.atomic():
         # Lock order everywhere: the job, then its instances.
-        Job.objects.select_for_update(no_key=True).filter(pk=job_id).values_list("pk").first()
-        instance = Instance.objects.select_for_update(no_key=True).get(pk=instance_id)
+        lock_rows(Job.objects).filter(pk=job_id).values_list("pk").first()
+        instance = lock_rows(Instance.objects).get(pk=instance_id)
         if instance.state != InstanceState.RUNNING:
             raise InstanceNotRunning(f"instance {instance.pk} is {instance.state}, not running")
         if instance.final_notice_at is not None:
@@ -76,12 +77,8 @@ def reclaim_instance(instance_id: int) -> bool:
     if job_id is None:
         return False
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
-        instance = (
-            Instance.objects.select_for_update(no_key=True)
-            .select_related("pool")
-            .get(pk=instance_id)
-        )
+        job = lock_rows(Job.objects).get(pk=job_id)
+        instance = lock_rows(Instance.objects).select_related("pool").get(pk=instance_id)
         if instance.state not in ACTIVE_INSTANCE_STATES or instance.reclaim_at is None:
             return False
         if instance.reclaim_at > timezone.now():

@@ -63,6 +63,7 @@ from migration.services import (
 )
 from migration.stores import region_store
 from portal.enqueue import enqueue_on_commit
+from portal.locks import lock_rows
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def start_job(job_id: int) -> int:
     queued (`replication`) and the instances start after it. Safe to run twice: an instance is
     launched once. Returns how many instances it launched."""
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).select_related("project").get(pk=job_id)
+        job = lock_rows(Job.objects).select_related("project").get(pk=job_id)
         if job.state != JobState.STARTING:
             return 0
         waiting = _waiting_for_replica(job)
@@ -255,13 +256,13 @@ def copy_for_start(job_id: int) -> int:
     except ReplicationFailed as exc:  # that region's store is down: place the job elsewhere
         logger.warning("job %s: %s", job_id, exc)
         with transaction.atomic():
-            job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+            job = lock_rows(Job.objects).get(pk=job_id)
             again = _waiting_for_replica(job)
             if again is not None and again[0].pk == migration.pk:
                 _start_again(job, again[0], f"the checkpoint could not be copied: {exc}", region)
         return 0
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+        job = lock_rows(Job.objects).get(pk=job_id)
         again = _waiting_for_replica(job)
         if again is None or again[0].pk != migration.pk or again[1] != region:
             return 0  # placed elsewhere meanwhile: that placement copies for itself
@@ -272,13 +273,12 @@ def copy_for_start(job_id: int) -> int:
 def launch_instances(job_id: int) -> int:
     """Issue tokens and launch every placed instance of a starting job not yet launched."""
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+        job = lock_rows(Job.objects).get(pk=job_id)
         if job.state != JobState.STARTING:
             return 0
         migration = open_migration(job)
         instances = list(
-            _active(job)
-            .select_for_update(no_key=True)
+            lock_rows(_active(job))
             .filter(launched_at__isnull=True, state=InstanceState.PROVISIONING)
             .select_related("pool__region", "job__project")
         )
@@ -689,7 +689,7 @@ def validate_replica(migration_id: int, checkpoint_id: int, region: str) -> bool
         return False
     result = verify_replica(checkpoint, region)
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).get(pk=checkpoint.job_id)
+        job = lock_rows(Job.objects).get(pk=checkpoint.job_id)
         migration = open_migration(job)
         if (
             migration is None

@@ -28,6 +28,7 @@ from migration.events import record_event
 from migration.models import CapacityPool, Instance, Migration
 from migration.selectors import open_migration, placement_decision, unreachable_pools
 from portal.enqueue import enqueue_on_commit
+from portal.locks import lock_rows
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class PlacementOutcome:
 
 def _reserve(job: Job, pool_id: int, migration: Migration | None = None) -> list[Instance] | None:
     """Take `job.nodes` slots of a pool under its row lock, or None if they went."""
-    pool = CapacityPool.objects.select_for_update(no_key=True).get(pk=pool_id)
+    pool = lock_rows(CapacityPool.objects).get(pk=pool_id)
     used = Instance.objects.filter(pool=pool, state__in=ACTIVE_INSTANCE_STATES).count()
     if pool.capacity - used < job.nodes:
         return None
@@ -141,7 +142,7 @@ def place_job(job_id: int) -> PlacementOutcome:
     Safe to run twice: a job that is not waiting for placement is left alone.
     """
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+        job = lock_rows(Job.objects).get(pk=job_id)
         if job.state not in PLACEABLE_STATES:
             return PlacementOutcome(job_id, False, f"job is {job.state}")
         if job.state != JobState.PLACING:
@@ -149,11 +150,7 @@ def place_job(job_id: int) -> PlacementOutcome:
 
     for _attempt in range(3):  # a pool filled between the choice and the lock: choose again
         with transaction.atomic():
-            job = (
-                Job.objects.select_for_update(no_key=True)
-                .select_related("accelerator")
-                .get(pk=job_id)
-            )
+            job = lock_rows(Job.objects).select_related("accelerator").get(pk=job_id)
             if job.state != JobState.PLACING:
                 return PlacementOutcome(job_id, False, f"job is {job.state}")
             migration = open_migration(job)

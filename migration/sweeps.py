@@ -30,6 +30,7 @@ from migration.choices import (
 from migration.models import Instance
 from migration.selectors import market_review, open_migration
 from portal.enqueue import enqueue_on_commit
+from portal.locks import lock_rows
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +53,8 @@ def _end(instance_id: int, reason: str) -> bool:
     """Declare one instance gone (lost or failed to start), under the job's lock first."""
     job_id = Instance.objects.values_list("job_id", flat=True).get(pk=instance_id)
     with transaction.atomic():
-        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
-        instance = (
-            Instance.objects.select_for_update(no_key=True)
-            .select_related("pool")
-            .get(pk=instance_id)
-        )
+        job = lock_rows(Job.objects).get(pk=job_id)
+        instance = lock_rows(Instance.objects).select_related("pool").get(pk=instance_id)
         if instance.state not in ACTIVE_INSTANCE_STATES:
             return False
         logger.warning("instance %s of job %s is %s", instance.pk, job.pk, reason)
@@ -154,7 +151,7 @@ def review_markets() -> int:
         if decision is None:
             continue
         with transaction.atomic():
-            job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+            job = lock_rows(Job.objects).get(pk=job_id)
             if orchestration.start_planned_migration(job, MigrationTrigger.POLICY, decision.reason):
                 moved += 1
     return moved

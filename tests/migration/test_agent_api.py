@@ -4,7 +4,8 @@ does to instances, jobs, checkpoints and the timeline."""
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from jobs.models import Job
 from migration import agent_reports, services
 from migration.agent_tokens import issue_agent_token
 from migration.models import Checkpoint, Instance, InterruptionEvent, LogLine, TimelineEvent
-from tests.conftest import submit
+from tests.conftest import placed_instance, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -265,6 +266,53 @@ def test_a_timestamp_without_a_zone_is_read_as_utc(placed: dict[str, Any]) -> No
     assert Instance.objects.get(rank=0).last_heartbeat == datetime(2030, 1, 1, 12, tzinfo=UTC)
 
 
+def in_thread(work: Callable[[], object]) -> threading.Thread:
+    """Run `work` on a thread with a database connection of its own."""
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@contextmanager
+def event_batch_held(instance: Instance, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An event batch of `instance` inside its transaction, holding its locks, for the block."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks exist on PostgreSQL only")
+    holding, release = threading.Event(), threading.Event()
+    heartbeat = agent_reports.HANDLERS["heartbeat"]
+
+    def slow_heartbeat(instance: Instance, job: Job, event: dict[str, Any]) -> None:
+        heartbeat(instance, job, event)
+        if event.get("hold"):
+            holding.set()
+            release.wait(20)
+
+    monkeypatch.setitem(agent_reports.HANDLERS, "heartbeat", slow_heartbeat)
+    batch = [{"seq": 1, "type": "heartbeat", "hold": True}]
+    events = in_thread(lambda: agent_reports.record_agent_events(instance.pk, batch))
+    try:
+        assert holding.wait(10), "the event batch never took its locks"
+        yield
+    finally:
+        release.set()
+        events.join(20)
+    instance.refresh_from_db()
+    assert instance.last_event_seq == 1
+
+
+def finishes_within(seconds: float, work: Callable[[], object]) -> bool:
+    thread = in_thread(work)
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_log_lines_go_in_while_an_event_batch_holds_its_job_and_instance(
     placed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
@@ -272,44 +320,28 @@ def test_log_lines_go_in_while_an_event_batch_holds_its_job_and_instance(
     # An event batch locks the job and the instance while it applies; log lines are rows that
     # reference both. Under FOR UPDATE locks the lines waited, and a batch of lines and a
     # batch of events taking the two rows in opposite orders deadlocked on PostgreSQL.
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks exist on PostgreSQL only")
     instance = Instance.objects.filter(job=placed["job"]).order_by("rank").first()
     assert instance is not None
-    holding, release = threading.Event(), threading.Event()
-    heartbeat = agent_reports.HANDLERS["heartbeat"]
-
-    def slow_heartbeat(instance: Instance, job: Job, event: dict[str, Any]) -> None:
-        heartbeat(instance, job, event)
-        holding.set()
-        release.wait(20)
-
-    def in_thread(work: Any) -> threading.Thread:
-        def run() -> None:
-            try:
-                work()
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        return thread
-
-    monkeypatch.setitem(agent_reports.HANDLERS, "heartbeat", slow_heartbeat)
-    events = in_thread(
-        lambda: agent_reports.record_agent_events(instance.pk, [{"seq": 1, "type": "heartbeat"}])
-    )
-    try:
-        assert holding.wait(10), "the event batch never took its locks"
-        started = time.monotonic()
-        lines = in_thread(lambda: agent_reports.record_log_lines(instance.pk, [{"line": "step 1"}]))
-        lines.join(5)
-        waited = time.monotonic() - started
-        assert not lines.is_alive(), "log lines waited for the event batch's locks"
-    finally:
-        release.set()
-        events.join(20)
-    assert waited < 5
+    with event_batch_held(instance, monkeypatch):
+        lines = [{"line": "step 1"}]
+        assert finishes_within(5, lambda: agent_reports.record_log_lines(instance.pk, lines)), (
+            "log lines waited for the event batch's locks"
+        )
     assert LogLine.objects.filter(instance=instance, line="step 1").count() == 1
-    instance.refresh_from_db()
-    assert instance.last_event_seq == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_event_batches_of_two_jobs_in_one_pool_do_not_wait_for_each_other(
+    catalogue: Any, alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An event batch reads its instance's pool and region with the instance; locking them too
+    # made every instance of a pool wait for the others' event batches.
+    first, second = (placed_instance(alice, catalogue) for _ in range(2))
+    assert first.pool_id == second.pool_id
+    with event_batch_held(first, monkeypatch):
+        batch = [{"seq": 1, "type": "heartbeat"}]
+        assert finishes_within(5, lambda: agent_reports.record_agent_events(second.pk, batch)), (
+            "an event batch waited for another job's batch in the same pool"
+        )
+    second.refresh_from_db()
+    assert second.last_event_seq == 1
