@@ -657,6 +657,27 @@ class LocalStore(Store):
                 st = entry.stat()
                 yield entry.name, st.st_size, st.st_mtime
 
+    def _sweep_chunks(self, listed: dict[str, float]) -> list[str]:
+        # A save reuses a chunk by touching it (`_has_chunk`), and may do so after gc listed the
+        # chunk as old. So a chunk is first moved aside: a save that touches it after the move
+        # finds it missing and writes it again, and a touch before the move shows in its
+        # modification time, in which case the chunk goes back. Either way a manifest never
+        # names a chunk that gc removed.
+        removed = []
+        for chunk, modified in listed.items():
+            path = self._chunk_path(chunk)
+            doomed = path.with_name(f".{chunk}{_TMP_MARK}gc-{os.getpid()}-{secrets.token_hex(4)}")
+            try:
+                os.rename(path, doomed)
+            except FileNotFoundError:
+                continue
+            if os.stat(doomed).st_mtime != modified:
+                os.rename(doomed, path)  # the same content as any copy written meanwhile
+                continue
+            os.unlink(doomed)
+            removed.append(chunk)
+        return removed
+
     def _remove_stale_temporaries(self, older_than_s: float) -> None:
         now = time.time()
         folders = [self.root / "chunks" / d for d in self._list_dirs("chunks/")]

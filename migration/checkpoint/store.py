@@ -246,6 +246,13 @@ class Store(ABC):
     def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
         """Every chunk in the store as (digest, size, modified at as a POSIX time)."""
 
+    def _sweep_chunks(self, listed: dict[str, float]) -> builtins.list[str]:
+        """Delete unreferenced chunks, each listed with its modification time; return the ones
+        removed. Backends whose presence check renews a chunk's age (`_has_chunk`) keep a chunk
+        a save reused after it was listed."""
+        self._delete([self.chunk_key(chunk) for chunk in listed])
+        return builtins.list(listed)
+
     def _remove_stale_temporaries(self, older_than_s: float) -> None:  # noqa: B027
         """Remove temporaries left by crashed writers (backends that have them override this)."""
 
@@ -665,13 +672,14 @@ class Store(ABC):
                     # Its chunks are unknown; they may be swept. Say so rather than stop.
                     logger.warning("gc: skipping unreadable manifest %s: %s", ref, exc)
         now = time.time()
-        sweep: list[str] = []
+        sizes: dict[str, int] = {}
+        listed: dict[str, float] = {}
         for chunk, size, modified in self._iter_chunks():
             if chunk not in referenced and now - modified >= grace_s:
-                sweep.append(self.chunk_key(chunk))
-                stats.chunks_removed += 1
-                stats.bytes_removed += size
-        self._delete(sweep)
+                sizes[chunk], listed[chunk] = size, modified
+        removed = self._sweep_chunks(listed)
+        stats.chunks_removed = len(removed)
+        stats.bytes_removed = sum(sizes[chunk] for chunk in removed)
         self._present.clear()
         self._remove_stale_temporaries(grace_s)
         logger.info(

@@ -238,6 +238,46 @@ def test_gc_spares_unreferenced_chunks_younger_than_its_grace_period(store: Stor
     assert stats.chunks_removed == 0
 
 
+def test_gc_keeps_an_old_chunk_a_save_reuses_after_gc_listed_it(tmp_path: Path) -> None:
+    # gc lists the chunks no manifest references, then removes them; a save in another process
+    # may reuse one of them in between (it finds the chunk present, so it does not write it).
+    from migration.checkpoint import LocalStore
+
+    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
+    retired = {"own": np.full(CHUNK // 8, 1.0)}
+    store.save("job-1", 1, retired)
+    store.save("job-1", 2, {"own": np.full(CHUNK // 8, 2.0)})
+    listing = store._iter_chunks
+    reused: list[ManifestRef] = []
+
+    def listing_then_a_save() -> Any:
+        yield from listing()
+        reused.append(store.save("job-2", 1, retired).ref)
+
+    store._iter_chunks = listing_then_a_save  # type: ignore[method-assign]
+    stats = store.gc("job-1", keep=1, grace_s=0)
+
+    assert len(stats.manifests_removed) == 1
+    assert stats.chunks_removed == 0  # the one unreferenced chunk was reused
+    assert store.load_manifest(reused[0]).bytes_new == 0
+    store.verify(reused[0])
+    assert not [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+
+
+def test_gc_removes_a_listed_chunk_that_nothing_reused(tmp_path: Path) -> None:
+    from migration.checkpoint import LocalStore
+
+    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
+    store.save("job-1", 1, {"own": np.full(CHUNK // 8, 1.0)})
+    store.save("job-1", 2, {"own": np.full(CHUNK // 8, 2.0)})
+
+    stats = store.gc("job-1", keep=1, grace_s=0)
+
+    assert stats.chunks_removed == 1 and stats.bytes_removed == CHUNK
+    assert len(list(store._iter_chunks())) == 1
+    assert not [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+
+
 def test_copy_sends_only_the_chunks_the_target_lacks(store: Store, other_store: Store) -> None:
     state = make_state(0, mib=4)
     first = store.save("job-1", 1, state)
