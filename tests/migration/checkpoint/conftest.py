@@ -88,3 +88,8 @@ def other_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stor
 def chunk_env() -> dict[str, str]:
     """The environment a subprocess needs to reach the test S3 server."""
     return {**os.environ, **S3_ENV}
+
+
+def temporaries(root: Path) -> list[str]:
+    """Names of the temporary files under `root` (a writer's, or gc's, left behind)."""
+    return [p.name for p in root.rglob("*") if ".tmp-" in p.name]

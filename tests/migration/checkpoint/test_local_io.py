@@ -17,6 +17,7 @@ from migration.checkpoint import CorruptChunk, LocalStore
 from migration.checkpoint import local as local_module
 from migration.checkpoint.hashing import digest
 
+from .conftest import temporaries
 from .test_store_contract import assert_same_state
 
 PART = 4096
@@ -100,8 +101,7 @@ def test_a_streamed_save_from_unaligned_memory_loads_identical_and_leaves_no_tem
     ref = store.save("job-1", 1, state).ref
     assert_same_state(state, store.load(ref).state)
     store.verify(ref)
-    leftovers = [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
-    assert leftovers == []
+    assert temporaries(tmp_path / "store") == []
     store.close()
 
 
@@ -125,8 +125,7 @@ def test_a_failed_write_on_an_io_thread_fails_the_save_and_leaves_nothing(
         store.save("job-1", 2, unaligned_state(6))
     assert calls["n"] >= 4
     assert store.latest("job-1") == before
-    names = [p.name for p in (tmp_path / "store" / "chunks").rglob("*")]
-    assert not [n for n in names if ".tmp-" in n]
+    assert temporaries(tmp_path / "store" / "chunks") == []
     manifests = os.listdir(tmp_path / "store" / "jobs" / "job-1" / "manifests")
     assert manifests == [before.key.rsplit("/", 1)[-1]]
     store.close()
@@ -303,8 +302,7 @@ def test_a_failed_chunk_fsync_fails_the_save_and_leaves_no_manifest_or_temporary
         store.save("job-1", 2, unaligned_state(3))
     monkeypatch.setattr(os, "fsync", real)
     assert store.latest("job-1") == before
-    leftovers = [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
-    assert leftovers == []
+    assert temporaries(tmp_path / "store") == []
     assert store.list("job-1") == [before]
     assert_same_state({"w": np.zeros(1 << 18, np.float32)}, store.load(before).state)
     store.close()

@@ -22,6 +22,8 @@ from migration.checkpoint import (
 )
 from migration.checkpoint.snapshot import Snapshot
 
+from .conftest import temporaries
+
 CHUNK = 1024 * 1024
 
 
@@ -177,8 +179,7 @@ def test_an_emergency_save_of_unchanged_tensors_adds_nothing_and_leaves_nothing(
     assert store.latest("job-1") == emergency.ref
     assert_same_state(state, store.load(emergency.ref).state)
     store.verify(emergency.ref)
-    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name]
-    assert leftovers == []
+    assert temporaries(tmp_path) == []
 
 
 def test_verify_names_a_chunk_with_a_flipped_byte(store: Store) -> None:
@@ -261,7 +262,7 @@ def test_gc_keeps_an_old_chunk_a_save_reuses_after_gc_listed_it(tmp_path: Path) 
     assert stats.chunks_removed == 0  # the one unreferenced chunk was reused
     assert store.load_manifest(reused[0]).bytes_new == 0
     store.verify(reused[0])
-    assert not [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+    assert temporaries(tmp_path / "store") == []
 
 
 def test_gc_removes_a_listed_chunk_that_nothing_reused(tmp_path: Path) -> None:
@@ -275,7 +276,7 @@ def test_gc_removes_a_listed_chunk_that_nothing_reused(tmp_path: Path) -> None:
 
     assert stats.chunks_removed == 1 and stats.bytes_removed == CHUNK
     assert len(list(store._iter_chunks())) == 1
-    assert not [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+    assert temporaries(tmp_path / "store") == []
 
 
 def test_copy_sends_only_the_chunks_the_target_lacks(store: Store, other_store: Store) -> None:
