@@ -1,7 +1,8 @@
 """Checkpoint benchmark: Baton's store and SDK against the usual ways of saving a model.
 
     .venv/bin/python bench/checkpoint.py [--sizes 64,256,1024] [--repeat 5] [--dir D]
-        [--async-mb 256] [--async-pairs 10] [--async-interval 4] [--async-per-block 3]
+        [--async-mb 256] [--async-pairs 10] [--async-max-pairs 30] [--async-interval 4]
+        [--async-per-block 3]
         [--sections limits,sizes,lora,directory,async] [--sweep]
 
 Prints two tables. The first gives this machine's own limits: a memory copy, BLAKE3 on one
@@ -31,7 +32,8 @@ maximum, so a noisy neighbour shows as spread instead of skewing one side:
 - asynchronous checkpointing: training steps per second of a numpy MLP in paired blocks, one
   with a checkpoint every few seconds and one without, the median of the pairs' ratios with its
   90% interval (and the same from the training thread's CPU time, which a busy machine
-  disturbs less).
+  disturbs less); more pairs are measured, up to --async-max-pairs, while that interval
+  straddles the 2 % target.
 
 `--sweep` adds the measurements behind docs/decisions/001 and 002 (hash, chunk size).
 Torch, DCP and safetensors rows are skipped when those packages are missing.
@@ -768,7 +770,9 @@ def bench_directory(repeat: int) -> None:
 # ---- asynchronous checkpointing ---------------------------------------------------------------
 
 
-def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float, per_block: int) -> None:
+def bench_async(
+    state_mib: int, work: Path, pairs: int, interval_s: float, per_block: int, max_pairs: int
+) -> None:
     """Training throughput with asynchronous checkpoints against without, in paired blocks.
 
     A numpy MLP whose state is padded to `state_mib` (every chunk changes every step) trains in
@@ -781,7 +785,10 @@ def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float, per_b
     seconds, so two blocks side by side see much the same load and the median over the pairs
     discards the bursts; several checkpoints per block, so one persist's luck does not make a
     pair's cost (with one, the pairs spread over ±4-13%; decision 055). One block of each kind
-    runs first, unmeasured (the first checkpoint allocates the snapshot buffers).
+    runs first, unmeasured (the first checkpoint allocates the snapshot buffers). After `pairs`
+    pairs, more are measured while the interval still straddles the target, up to `max_pairs`
+    (the interval narrows with the square root of the pairs; looking after every pair makes a
+    wrong verdict a little likelier than the interval's 10 %, which the row's pair count shows).
     """
     loop = TrainingLoop(state_mib)
     store = LocalStore(fresh(work / "async"))
@@ -804,22 +811,31 @@ def bench_async(state_mib: int, work: Path, pairs: int, interval_s: float, per_b
     block(1, steps, True)
     plain: list[tuple[float, float]] = []
     with_ckpt: list[tuple[float, float]] = []
-    for i in range(pairs):
+
+    def costs(kind: int) -> list[float]:
+        # Per pair: 1 - throughput with / without = 1 - seconds without / seconds with.
+        return [(1 - p[kind] / c[kind]) * 100 for p, c in zip(plain, with_ckpt, strict=True)]
+
+    def undecided() -> bool:
+        return judged(median_interval(costs(0), CONFIDENCE), 2.0).startswith("not judged")
+
+    while len(plain) < pairs or (len(plain) < max_pairs and undecided()):
+        i = len(plain)
         for checkpoint in (False, True) if i % 2 == 0 else (True, False):
             (with_ckpt if checkpoint else plain).append(block(per_block, steps, checkpoint))
+        print(f"  async: {i + 1} pairs measured", file=sys.stderr, flush=True)
+    pairs = len(plain)
     saves = len(store.list("async"))
     ckpt.close()
     store.close()
     assert saves == 2 + pairs * per_block, saves
 
     def cost(kind: int) -> tuple[tuple[float, float], str]:
-        # Per pair: 1 - throughput with / without = 1 - seconds without / seconds with.
-        pairs_ = zip(plain, with_ckpt, strict=True)
-        costs = [(1 - p[kind] / c[kind]) * 100 for p, c in pairs_]
-        low, high = median_interval(costs, CONFIDENCE)
+        values = costs(kind)
+        low, high = median_interval(values, CONFIDENCE)
         return (low, high), (
-            f"{statistics.median(costs):+.1f}% ({CONFIDENCE:.0%} interval of the median "
-            f"{low:+.1f} to {high:+.1f}; min-max {min(costs):+.1f} to {max(costs):+.1f})"
+            f"{statistics.median(values):+.1f}% ({CONFIDENCE:.0%} interval of the median "
+            f"{low:+.1f} to {high:+.1f}; min-max {min(values):+.1f} to {max(values):+.1f})"
         )
 
     none_rate = per_block * steps / statistics.median(p[0] for p in plain)
@@ -947,6 +963,12 @@ def main() -> int:
         "--async-pairs", type=int, default=10, help="Pairs of blocks (with / without) measured."
     )
     parser.add_argument(
+        "--async-max-pairs",
+        type=int,
+        default=30,
+        help="Pairs measured at most while the interval straddles the target.",
+    )
+    parser.add_argument(
         "--async-per-block", type=int, default=3, help="Checkpoints in each measured block."
     )
     parser.add_argument(
@@ -986,7 +1008,12 @@ def main() -> int:
             bench_directory(args.repeat)
         if "async" in names:
             bench_async(
-                args.async_mb, work, args.async_pairs, args.async_interval, args.async_per_block
+                args.async_mb,
+                work,
+                args.async_pairs,
+                args.async_interval,
+                args.async_per_block,
+                max(args.async_max_pairs, args.async_pairs),
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
