@@ -9,6 +9,7 @@ from __future__ import annotations
 import blake3
 
 HASH_NAME = "blake3"
+Hasher = blake3.blake3
 DIGEST_HEX_LEN = 64
 
 

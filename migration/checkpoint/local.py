@@ -25,7 +25,7 @@ from typing import cast
 import numpy as np
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError
-from .hashing import new_hasher
+from .hashing import Hasher, new_hasher
 from .manifest import EMERGENCY
 from .snapshot import aligned_empty
 from .store import DEFAULT_CHUNK_SIZE, Store, Wait, _start_all_threads
@@ -40,9 +40,10 @@ _DIRECT_MIN = 256 * 1024
 # What a streamed chunk is copied, hashed and written in: small enough to stay in the CPU cache
 # between the copy and the hash, large enough for the disk (measured: 1 MiB beat 4 MiB).
 _STREAM_PIECE = 1024 * 1024
-# What a load reads a chunk in, one part per worker (measured on 64 and 256 MiB: bare reads in
-# 2-8 MiB parts were 10-25 % faster than whole 16 MiB chunks; whole loads 3-15 %).
-_READ_PART = 4 * 1024 * 1024
+# What a chunk is read and hashed in: the hash reads each piece while it is in the CPU cache,
+# and the kernel's readahead fetches the next ones meanwhile (1 MiB beat 2 and 4 MiB pieces,
+# and O_DIRECT reads in parts on several workers; decision 055).
+_READ_PIECE = 1024 * 1024
 # Writes of one streamed chunk kept in flight on the I/O threads while its next pieces are
 # copied and hashed, and the I/O threads of a store (they wait on the disk, not the CPU).
 _STREAM_DEPTH = 2
@@ -220,44 +221,6 @@ def direct_writes_pay(folder: Path) -> bool:
         logger.debug("%s: chunk I/O %s", folder, "O_DIRECT" if choice else "buffered")
         _DIRECT_CHOICE[device] = choice
         return choice
-
-
-class _HashInOrder:
-    """The hash check of a chunk read in parts that land in any order: whichever thread's part
-    lets the hash go on feeds it every part landed in order so far (one thread at a time), and
-    the one that feeds the last part compares the digest with the chunk's name."""
-
-    def __init__(self, chunk: str, out: memoryview, part: int, where: str) -> None:
-        self.chunk = chunk
-        self.out = out
-        self.part = part
-        self.where = where
-        self.hasher = new_hasher()
-        self.landed_parts = [False] * -(-len(out) // part)
-        self.hashed = 0
-        self.busy = False
-        self.lock = threading.Lock()
-
-    def landed(self, index: int) -> None:
-        """Part `index` is in `out`; raise CorruptChunk if it completes a chunk that does not
-        match its hash."""
-        with self.lock:
-            self.landed_parts[index] = True
-            if self.busy:
-                return  # the thread feeding the hash picks this part up when it gets to it
-            self.busy = True
-        while True:
-            with self.lock:
-                start = stop = self.hashed
-                while stop < len(self.landed_parts) and self.landed_parts[stop]:
-                    stop += 1
-                self.hashed = stop
-                if start == stop:
-                    self.busy = False
-                    return
-            self.hasher.update(self.out[start * self.part : stop * self.part])
-            if stop == len(self.landed_parts) and self.hasher.hexdigest() != self.chunk:
-                raise CorruptChunk(self.chunk, "content does not match its hash", self.where)
 
 
 class LocalStore(Store):
@@ -565,57 +528,36 @@ class LocalStore(Store):
             raise
         fsync_dir(path.parent)
 
-    def _submit_read(
-        self, pool: ThreadPoolExecutor, chunk: str, out: memoryview, where: str, check: bool
-    ) -> list[Future[None]]:
-        # A chunk is read in parts on several workers: the disk sees more requests at once (a
-        # 64 MiB restore is otherwise four reads deep). The hash follows the parts as they land,
-        # in order, so the check of a chunk overlaps the reads of its last parts.
-        starts = range(0, len(out), _READ_PART)
-        if not self.direct or len(starts) < 2:
-            return super()._submit_read(pool, chunk, out, where, check)
-        hashing = _HashInOrder(chunk, out, _READ_PART, where) if check else None
+    def _read_checked(self, chunk: str, out: memoryview, where: str, check: bool = True) -> None:
+        self._read_pieces(chunk, out, new_hasher() if check else None, where)
 
-        def read(start: int) -> None:
-            self._read_chunk_into(chunk, out[start : start + _READ_PART], start, len(out))
-            if hashing is not None:
-                hashing.landed(start // _READ_PART)
+    def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
+        self._read_pieces(chunk, out, None, "")
 
-        return [pool.submit(read, start) for start in starts]
-
-    def _read_chunk_into(
-        self, chunk: str, out: memoryview, offset: int = 0, chunk_size: int | None = None
-    ) -> None:
-        """Fill `out` from the chunk, from `offset` on (a part of a chunk of `chunk_size`)."""
-        path = self._chunk_path(chunk)
-        size = len(out)
-        expected = size if chunk_size is None else chunk_size
-        body = 0
-        aligned = self.direct and size >= _DIRECT_MIN and offset % _ALIGN == 0
-        if aligned and np.frombuffer(out, dtype=np.uint8).ctypes.data % _ALIGN == 0:
-            body = size - size % _ALIGN
+    def _read_pieces(self, chunk: str, out: memoryview, hasher: Hasher | None, where: str) -> None:
+        """Fill `out` with the chunk, read from its start through the page cache one piece at a
+        time, each piece hashed as it lands; raise CorruptChunk when the chunk is missing, not
+        len(out) bytes, or (with `hasher`) not what its name says."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if body else 0))
+            fd = os.open(self._chunk_path(chunk), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise CorruptChunk(chunk, "missing") from None
-        except OSError as exc:
-            if not body or exc.errno != errno.EINVAL:
-                raise
-            body = 0
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            raise CorruptChunk(chunk, "missing", where) from None
         try:
             actual = os.fstat(fd).st_size
-            if actual != expected:
-                raise CorruptChunk(chunk, f"{actual} bytes instead of {expected}")
-            # Straight from the disk into the caller's aligned buffer when possible (no page
-            # cache copy); whatever is not a whole block is read through the page cache.
-            _read_exactly(fd, out[:body], offset, chunk)
-            if body < size:
-                if body:
-                    _clear_direct(fd)
-                _read_exactly(fd, out[body:], offset + body, chunk)
+            if actual != len(out):
+                raise CorruptChunk(chunk, f"{actual} bytes instead of {len(out)}", where)
+            # Sequential: the kernel reads ahead while this thread copies and hashes.
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            for start in range(0, len(out), _READ_PIECE):
+                piece = out[start : start + _READ_PIECE]
+                _read_exactly(fd, piece, start, chunk)
+                if hasher is not None:
+                    hasher.update(piece)
         finally:
             os.close(fd)
+        if hasher is not None and hasher.hexdigest() != chunk:
+            raise CorruptChunk(chunk, "content does not match its hash", where)
 
     def _put_object(self, key: str, data: bytes) -> None:
         path = self._path(key)

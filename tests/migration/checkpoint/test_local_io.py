@@ -4,9 +4,7 @@ chunk read in parts that land in any order."""
 from __future__ import annotations
 
 import errno
-import itertools
 import os
-import random
 import threading
 from pathlib import Path
 
@@ -15,68 +13,24 @@ import pytest
 
 from migration.checkpoint import CorruptChunk, LocalStore
 from migration.checkpoint import local as local_module
-from migration.checkpoint.hashing import digest
 
 from .conftest import temporaries
-from .test_store_contract import assert_same_state
-
-PART = 4096
+from .test_store_contract import assert_same_state, flip_byte
 
 
-def chunk_of(nbytes: int, seed: int = 0) -> memoryview:
-    return memoryview(np.random.default_rng(seed).bytes(nbytes))
-
-
-def feed(hashing: local_module._HashInOrder, order: list[int], threads: int) -> list[CorruptChunk]:
-    """Report the parts landed in `order`, spread over `threads` threads; what they raised."""
-    raised: list[CorruptChunk] = []
-    lock = threading.Lock()
-    queue = iter(order)
-
-    def worker() -> None:
-        while True:
-            with lock:
-                index = next(queue, None)
-            if index is None:
-                return
-            try:
-                hashing.landed(index)
-            except CorruptChunk as exc:
-                with lock:
-                    raised.append(exc)
-
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    return raised
-
-
-@pytest.mark.parametrize("threads", [1, 4])
-def test_a_chunk_whose_parts_land_in_any_order_is_hashed_whole_and_in_order(threads: int) -> None:
-    data = chunk_of(5 * PART + 123)  # the last part is short
-    parts = 6
-    rng = random.Random(threads)
-    orders = [list(p) for p in itertools.permutations(range(parts))]
-    for order in rng.sample(orders, 40):
-        hashing = local_module._HashInOrder(digest(data), data, PART, "tensor w")
-        assert feed(hashing, order, threads) == []
-        assert hashing.hashed == parts
-
-
-@pytest.mark.parametrize("threads", [1, 4])
-def test_a_chunk_read_in_parts_that_does_not_match_its_name_fails_once(threads: int) -> None:
-    data = chunk_of(8 * PART)
-    damaged = bytearray(data)
-    damaged[3 * PART + 9] ^= 0xFF
-    for seed in range(20):
-        order = random.Random(seed).sample(range(8), 8)
-        hashing = local_module._HashInOrder(digest(data), memoryview(damaged), PART, "tensor w")
-        raised = feed(hashing, order, threads)
-        assert len(raised) == 1
-        assert raised[0].chunk == digest(data)
-        assert raised[0].where == "tensor w"
+def test_a_chunk_read_in_pieces_is_checked_whole(tmp_path: Path) -> None:
+    # 2.5 MiB chunks: two whole 1 MiB pieces and a short one; damage in the last piece only.
+    store = LocalStore(tmp_path / "store", chunk_size=5 * 512 * 1024)
+    state = {"w": np.random.default_rng(0).random(5 * 64 * 1024 * 2)}
+    result = store.save("job-1", 1, state)
+    assert_same_state(state, store.load(result.ref).state)
+    chunk, size = result.manifest.tensors["state/w"]["chunks"][1]
+    flip_byte(store, chunk, size, offset=size - 5)
+    with pytest.raises(CorruptChunk, match="does not match its hash") as caught:
+        store.load(result.ref)
+    assert caught.value.chunk == chunk
+    assert caught.value.where == "tensor state/w"
+    store.close()
 
 
 def unaligned_state(mib: int) -> dict[str, np.ndarray]:
