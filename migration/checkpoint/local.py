@@ -167,6 +167,16 @@ def atomic_write(path: Path, data: memoryview | bytes, *, fsync: bool = True) ->
         fsync_dir(path.parent)
 
 
+# What gc renames a chunk to while it decides, and how long a read waits for it to come back.
+_GC_ASIDE = f"{_TMP_MARK}gc-"
+_GC_ASIDE_WAIT_S = 1.0
+
+
+def _gc_aside(path: Path) -> Path:
+    """A name for gc to move the file at `path` to while it decides (a temporary)."""
+    return path.with_name(f".{path.name}{_GC_ASIDE}{os.getpid()}-{secrets.token_hex(4)}")
+
+
 # File systems measured in this process: device -> whether O_DIRECT writes are kept.
 _DIRECT_CHOICE: dict[int, bool] = {}
 _DIRECT_CHOICE_LOCK = threading.Lock()
@@ -534,14 +544,25 @@ class LocalStore(Store):
     def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
         self._read_pieces(chunk, out, None, "")
 
+    def _open_chunk(self, chunk: str, where: str) -> int:
+        """Open a chunk for reading. One that gc has moved aside while it decides (a save may
+        have reused it, and then gc puts it back) is waited for, up to `_GC_ASIDE_WAIT_S`."""
+        path = self._chunk_path(chunk)
+        deadline = time.monotonic() + _GC_ASIDE_WAIT_S
+        while True:
+            try:
+                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                aside = next(path.parent.glob(f".{path.name}{_GC_ASIDE}*"), None)
+                if aside is None or time.monotonic() > deadline:
+                    raise CorruptChunk(chunk, "missing", where) from None
+            time.sleep(0.005)
+
     def _read_pieces(self, chunk: str, out: memoryview, hasher: Hasher | None, where: str) -> None:
         """Fill `out` with the chunk, read from its start through the page cache one piece at a
         time, each piece hashed as it lands; raise CorruptChunk when the chunk is missing, not
         len(out) bytes, or (with `hasher`) not what its name says."""
-        try:
-            fd = os.open(self._chunk_path(chunk), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise CorruptChunk(chunk, "missing", where) from None
+        fd = self._open_chunk(chunk, where)
         try:
             actual = os.fstat(fd).st_size
             if actual != len(out):
@@ -608,7 +629,7 @@ class LocalStore(Store):
         removed = []
         for chunk, modified in listed.items():
             path = self._chunk_path(chunk)
-            doomed = path.with_name(f".{chunk}{_TMP_MARK}gc-{os.getpid()}-{secrets.token_hex(4)}")
+            doomed = _gc_aside(path)
             try:
                 os.rename(path, doomed)
             except FileNotFoundError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -263,6 +264,29 @@ def test_gc_keeps_an_old_chunk_a_save_reuses_after_gc_listed_it(tmp_path: Path) 
     assert store.load_manifest(reused[0]).bytes_new == 0
     store.verify(reused[0])
     assert temporaries(tmp_path / "store") == []
+
+
+def test_a_read_waits_for_a_chunk_gc_has_moved_aside_while_it_decides(tmp_path: Path) -> None:
+    # gc moves an unreferenced chunk aside, then puts it back if a save reused it meanwhile; a
+    # restore of that save's checkpoint in between must not find the chunk missing.
+    from migration.checkpoint import LocalStore
+    from migration.checkpoint.local import _gc_aside
+
+    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
+    result = store.save("job-1", 1, {"own": np.full(CHUNK // 8, 1.0)})
+    [chunk] = result.manifest.chunks()
+    path = store._chunk_path(chunk)
+    aside = _gc_aside(path)
+
+    os.rename(path, aside)
+    threading.Timer(0.2, os.rename, (aside, path)).start()  # gc puts it back
+    store.verify(result.ref)
+
+    os.rename(path, aside)
+    threading.Timer(0.2, os.unlink, (aside,)).start()  # gc removes it
+    with pytest.raises(CorruptChunk, match="missing"):
+        store.verify(result.ref)
+    store.close()
 
 
 def test_gc_removes_a_listed_chunk_that_nothing_reused(tmp_path: Path) -> None:
