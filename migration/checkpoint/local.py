@@ -204,7 +204,7 @@ def _timed_probe_write(folder: Path, data: np.ndarray, direct: bool) -> float:
 
 
 def direct_writes_pay(folder: Path) -> bool:
-    """Whether chunk I/O in `folder` should use O_DIRECT: measured once per file system and
+    """Whether chunk writes in `folder` should use O_DIRECT: measured once per file system and
     process by writing 8 MiB each way, twice, alternating. False when the file system refuses
     O_DIRECT or when buffered writes are clearly faster there (some network and copy-on-write
     file systems emulate O_DIRECT through a bounce of their own)."""
@@ -223,12 +223,12 @@ def direct_writes_pay(folder: Path) -> bool:
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 # Not writable here (a read-only store, a full disk): nothing to measure, and
-                # reads may still use O_DIRECT. Asked again by the next store opened.
+                # nothing to write. Asked again by the next store opened.
                 logger.debug("%s: cannot measure O_DIRECT writes: %s", folder, exc)
                 return True
             direct = []  # this file system refuses O_DIRECT
         choice = bool(direct) and max(buffered) * _BUFFERED_MARGIN >= min(direct)
-        logger.debug("%s: chunk I/O %s", folder, "O_DIRECT" if choice else "buffered")
+        logger.debug("%s: chunk writes %s", folder, "O_DIRECT" if choice else "buffered")
         _DIRECT_CHOICE[device] = choice
         return choice
 
