@@ -340,12 +340,6 @@ class Store(ABC):
         if check and digest(out) != chunk:
             raise CorruptChunk(chunk, "content does not match its hash", where)
 
-    def _submit_read(
-        self, pool: ThreadPoolExecutor, chunk: str, out: memoryview, where: str, check: bool
-    ) -> builtins.list[Future[None]]:
-        """Queue the read of one chunk of a load (backends may split it into several reads)."""
-        return [pool.submit(self._read_checked, chunk, out, where, check)]
-
     def _run_all(self, futures: list[Future[Any]], abort: threading.Event | None = None) -> None:
         """Wait for the futures; on the first failure stop the rest, then re-raise it."""
         _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
@@ -577,7 +571,7 @@ class Store(ABC):
             offset = 0
             for chunk, size in chunk_list:
                 view = buf.data[offset : offset + size]
-                futures.extend(self._submit_read(pool, chunk, view, where, check))
+                futures.append(pool.submit(self._read_checked, chunk, view, where, check))
                 offset += size
             if offset != buf.nbytes:
                 raise CorruptManifest(ref.key, f"{where}: chunks hold {offset} of {buf.nbytes}")
