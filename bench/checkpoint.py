@@ -17,7 +17,11 @@ maximum, so a noisy neighbour shows as spread instead of skewing one side:
 - full save of a state of N MiB against the raw write of the same bytes (the fastest by
   median of buffered, O_DIRECT and O_DIRECT from huge pages, fsynced), torch.save, safetensors
   save_file, numpy.savez and PyTorch's distributed checkpoint
-  (`torch.distributed.checkpoint.save`, one process). Every contender writes a fresh file,
+  (`torch.distributed.checkpoint.save`, one process), and the raw write of the same bytes as
+  one file per 16 MiB chunk, written at once (the store's layout without hashing, copying or
+  manifest: what the layout alone costs on this disk), also while every core copies and
+  hashes other memory (what a save's own work beside its writes costs the disk). Every
+  contender writes a fresh file,
   folder or store and fsyncs it; timing stops when the bytes are durable;
 - asynchronous saves: the part that blocks the caller and the time until durable, Baton's SDK
   against `torch.distributed.checkpoint.async_save`;
@@ -76,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.loop import TrainingLoop
 from bench.table import median_interval, print_columns, sections
 from migration.checkpoint import LocalStore
-from migration.checkpoint.hashing import digest
+from migration.checkpoint.hashing import digest, new_hasher
 from migration.checkpoint.sdk import Checkpointer, capture_rng_states
 from migration.checkpoint.snapshot import Snapshot, aligned_empty
 from migration.checkpoint.store import DEFAULT_CHUNK_SIZE
@@ -233,6 +237,69 @@ def raw_writes(flats: tuple[np.ndarray, np.ndarray], work: Path) -> dict[str, Ca
 
     ways = (way(plain, False), way(plain, True), way(huge, True))
     return {f"raw {name}": run for name, run in zip(RAW_WAYS, ways, strict=True)}
+
+
+def chunk_files_write(huge: np.ndarray, work: Path) -> Callable[[], float]:
+    """The disk's limit for the store's layout: the same bytes as one new file per
+    `DEFAULT_CHUNK_SIZE` chunk, all written at once (O_DIRECT from huge pages, one write each,
+    on as many threads as a store has workers) and fsynced, then their folder; no hashing,
+    copying, renames or manifest. Against the raw write it shows what the layout alone costs on
+    this disk; against it, what a save adds."""
+    folder = work / "chunk-files"
+    pool = ThreadPoolExecutor(8)
+    list(pool.map(lambda _: None, range(8)))  # threads started outside the timing
+
+    def run() -> float:
+        fresh(folder).mkdir()
+        starts = range(0, huge.nbytes, DEFAULT_CHUNK_SIZE)
+        started = time.perf_counter()
+        list(
+            pool.map(
+                lambda i: write_file(huge[i : i + DEFAULT_CHUNK_SIZE], folder / f"{i}", True),
+                starts,
+            )
+        )
+        fsync_path(folder)
+        seconds = time.perf_counter() - started
+        fresh(folder)
+        return seconds
+
+    return run
+
+
+def while_cores_busy(run: Callable[[], float]) -> Callable[[], float]:
+    """`run` while every core copies 1 MiB pieces of other memory and hashes them (what a
+    save's workers do beside its writes): on a virtual disk the writes can need CPU time of
+    their own, which this shows (decision 055)."""
+    source = np.ones(64 * MIB, np.uint8)
+
+    def spin(stop: threading.Event) -> None:
+        piece = np.empty(MIB, np.uint8)
+        hasher = new_hasher()
+        while not stop.is_set():
+            for start in range(0, source.nbytes, MIB):
+                piece[:] = source[start : start + MIB]
+                hasher.update(piece.data)
+                if stop.is_set():
+                    break
+
+    def busy() -> float:
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=spin, args=(stop,), daemon=True)
+            for _ in range(os.cpu_count() or 1)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.005)  # the cores are busy before the writes start
+        try:
+            return run()
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+
+    return busy
 
 
 def fastest_raw(times: dict[str, list[float]]) -> tuple[str, list[float], list[float]]:
@@ -466,7 +533,12 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         dcp.save(tensors, checkpoint_id=str(path))  # fsyncs its files (sync_files=True)
         return time.perf_counter() - started
 
-    contenders: dict[str, Callable[[], float]] = {**raw_writes(flat, work), "baton": baton}
+    contenders: dict[str, Callable[[], float]] = {
+        **raw_writes(flat, work),
+        "chunk files": chunk_files_write(flat[1], work),
+        "chunk files, cores busy": while_cores_busy(chunk_files_write(flat[1], work)),
+        "baton": baton,
+    }
     if HAS_TORCH:
         contenders["torch.save"] = torch_save
         contenders["DCP"] = dcp_save
@@ -482,6 +554,20 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         gibps(total, Spread(saves["raw"]).median),
         "1.00x",
     )
+    row(
+        f"raw write as {DEFAULT_CHUNK_SIZE // MIB} MiB chunk files at once (the store's layout)",
+        label,
+        Spread(saves["chunk files"]),
+        gibps(total, Spread(saves["chunk files"]).median),
+        f"{ratios(saves['chunk files'], saves['raw']).ratio()} raw",
+    )
+    row(
+        "  the same while every core copies and hashes other memory",
+        label,
+        Spread(saves["chunk files, cores busy"]),
+        gibps(total, Spread(saves["chunk files, cores busy"]).median),
+        f"{ratios(saves['chunk files, cores busy'], saves['raw']).ratio()} raw",
+    )
     spread = ratios(saves["baton"], saves["raw"])
     row(
         "Baton full save (store.save)",
@@ -493,6 +579,13 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         verdict(spread.median, 1.05),
     )
     row_against_each_fastest(label, saves["baton"], fastest_each)
+    row(
+        "  the same / the raw write as chunk files",
+        label,
+        None,
+        "",
+        f"{ratios(saves['baton'], saves['chunk files']).ratio()} chunk files",
+    )
     for name, title in (
         ("torch.save", "torch.save + fsync"),
         ("safetensors", "safetensors save_file + fsync"),
@@ -596,7 +689,15 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         verdict(spread.median, 1.1),
     )
     row_against_each_fastest(label, result["emergency"], fastest_each)
-    for leftover in ("raw.bin", "model.pt", "model.safetensors", "model.npz", "dcp", "store"):
+    for leftover in (
+        "raw.bin",
+        "chunk-files",
+        "model.pt",
+        "model.safetensors",
+        "model.npz",
+        "dcp",
+        "store",
+    ):
         fresh(work / leftover)
 
 

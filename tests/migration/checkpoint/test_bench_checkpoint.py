@@ -55,3 +55,34 @@ def test_an_unknown_section_is_named() -> None:
 
     assert out.returncode == 2
     assert "unknown section(s) ['speed']" in out.stderr
+
+
+def test_the_sizes_section_shows_what_the_store_layout_alone_costs_on_this_disk(
+    tmp_path: Path,
+) -> None:
+    out = run_bench(
+        "checkpoint.py", "--sections", "sizes", "--sizes", "20", "--repeat", "5",
+        "--dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert out.returncode == 0, out.stderr
+    ratio = r"(\d+\.\d\d)x \((\d+\.\d\d)-(\d+\.\d\d)\)"
+    rows = {
+        "layout": rf"raw write as 16 MiB chunk files at once \(the store's layout\)\s+20 MiB"
+        rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{ratio} raw",
+        "busy": rf"the same while every core copies and hashes other memory\s+20 MiB"
+        rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{ratio} raw",
+        "save over layout": rf"the same / the raw write as chunk files\s+20 MiB\s+{ratio} "
+        r"chunk files",
+    }
+    for name, pattern in rows.items():
+        found = re.search(pattern, out.stdout)
+        assert found, f"{name} row missing:\n{out.stdout}"
+        median, low, high = (float(found.group(i)) for i in (1, 2, 3))
+        assert low <= median <= high
+    # The rows come between the raw write they are measured against and the save.
+    order = [
+        out.stdout.index(s) for s in ("raw write + fsync", "chunk files at once", "Baton full")
+    ]
+    assert order == sorted(order)
+    assert list(tmp_path.iterdir()) == []  # every contender's files are removed
