@@ -40,9 +40,10 @@ _DIRECT_MIN = 256 * 1024
 # What a streamed chunk is copied, hashed and written in: small enough to stay in the CPU cache
 # between the copy and the hash, large enough for the disk (measured: 1 MiB beat 4 MiB).
 _STREAM_PIECE = 1024 * 1024
-# What a chunk is read and hashed in: the hash reads each piece while it is in the CPU cache,
-# and the kernel's readahead fetches the next ones meanwhile (1 MiB beat 2 and 4 MiB pieces,
-# and O_DIRECT reads in parts on several workers; decision 055).
+# What a chunk is read and hashed in through the page cache (a store without O_DIRECT): the
+# hash reads each piece while it is in the CPU cache, and the kernel's readahead fetches the
+# next ones meanwhile (1 MiB beat 2 and 4 MiB pieces; decision 055). With O_DIRECT, reads
+# come in `_STREAM_PIECE`s through the staging ring (1 MiB beat 4 MiB and whole chunks).
 _READ_PIECE = 1024 * 1024
 # Writes of one streamed chunk kept in flight on the I/O threads while its next pieces are
 # copied and hashed, and the I/O threads of a store (they wait on the disk, not the CPU).
@@ -92,7 +93,8 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 def _stream_ring() -> list[np.ndarray]:
     """The calling thread's aligned buffers that unaligned pieces of a streamed chunk are
-    copied into: one per write a stream keeps in flight, and one being filled, in huge pages
+    copied into (and the first of them, what a direct read lands in before it is copied out):
+    one per write a stream keeps in flight, and one being filled, in huge pages
     (two of 2 MiB: a virtual disk split each 1 MiB direct write from 4 KiB pages in two, and
     eight threads writing 1 MiB pieces took 1.31x the raw write through 4 KiB pages against
     0.98x through huge pages; decision 055)."""
@@ -105,6 +107,27 @@ def _stream_ring() -> list[np.ndarray]:
         ]
         _bounce.ring = ring
     return cast(list[np.ndarray], ring)
+
+
+def _read_staged(fd: int, out: memoryview, hasher: Hasher | None, chunk: str) -> None:
+    """Fill `out` from `fd` (opened with O_DIRECT) a ring piece at a time: each lands in the
+    calling thread's first ring buffer, is copied into `out` (of any alignment) and hashed
+    from the buffer while it is in the CPU cache. The tail that is not a whole block is read
+    through the page cache, straight into `out`."""
+    stage = _stream_ring()[0]
+    dest = np.frombuffer(out, dtype=np.uint8)
+    body = len(out) - len(out) % _ALIGN
+    for start in range(0, body, _STREAM_PIECE):
+        piece = stage[: min(_STREAM_PIECE, body - start)]
+        _read_exactly(fd, piece.data, start, chunk)
+        dest[start : start + piece.nbytes] = piece
+        if hasher is not None:
+            hasher.update(piece.data)
+    if body < len(out):
+        _clear_direct(fd)
+        _read_exactly(fd, out[body:], body, chunk)
+        if hasher is not None:
+            hasher.update(out[body:])
 
 
 class _PieceWrites:
@@ -271,8 +294,9 @@ class LocalStore(Store):
             return self._io_pool
 
     def _prepare_worker(self) -> None:
-        if self.direct and self.fsync:
-            _stream_ring()  # allocated when the worker starts, not inside its first save
+        if self.direct:
+            # Allocated when the worker starts, not inside its first save or restore.
+            _stream_ring()
 
     def _executor(self) -> ThreadPoolExecutor:
         # The I/O threads start with the workers, not inside the first save that needs them.
@@ -544,14 +568,16 @@ class LocalStore(Store):
     def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
         self._read_pieces(chunk, out, None, "")
 
-    def _open_chunk(self, chunk: str, where: str) -> int:
-        """Open a chunk for reading. One that gc has moved aside while it decides (a save may
-        have reused it, and then gc puts it back) is waited for, up to `_GC_ASIDE_WAIT_S`."""
+    def _open_chunk(self, chunk: str, where: str, direct: bool) -> int:
+        """Open a chunk for reading (with O_DIRECT if `direct`). One that gc has moved aside
+        while it decides (a save may have reused it, and then gc puts it back) is waited for,
+        up to `_GC_ASIDE_WAIT_S`."""
         path = self._chunk_path(chunk)
+        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
         deadline = time.monotonic() + _GC_ASIDE_WAIT_S
         while True:
             try:
-                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                return os.open(path, flags)
             except FileNotFoundError:
                 aside = next(path.parent.glob(f".{path.name}{_GC_ASIDE}*"), None)
                 if aside is None or time.monotonic() > deadline:
@@ -559,22 +585,32 @@ class LocalStore(Store):
             time.sleep(0.005)
 
     def _read_pieces(self, chunk: str, out: memoryview, hasher: Hasher | None, where: str) -> None:
-        """Fill `out` with the chunk, read from its start through the page cache one piece at a
-        time, each piece hashed as it lands; raise CorruptChunk when the chunk is missing, not
-        len(out) bytes, or (with `hasher`) not what its name says."""
-        fd = self._open_chunk(chunk, where)
+        """Fill `out` with the chunk, read from its start one piece at a time, each piece hashed
+        as it lands; raise CorruptChunk when the chunk is missing, not len(out) bytes, or (with
+        `hasher`) not what its name says.
+
+        Where this store writes with O_DIRECT, each piece is read with O_DIRECT into the
+        thread's staging ring (huge pages, faulted in once) and copied into `out` while the
+        hash reads it from the CPU cache: the disk fills memory that is already mapped, in
+        requests as large as the piece. Elsewhere the pieces come through the page cache,
+        with the kernel reading ahead (decision 055)."""
+        direct = self.direct and len(out) >= _DIRECT_MIN
+        fd = self._open_chunk(chunk, where, direct)
         try:
             actual = os.fstat(fd).st_size
             if actual != len(out):
                 raise CorruptChunk(chunk, f"{actual} bytes instead of {len(out)}", where)
-            # Sequential: the kernel reads ahead while this thread copies and hashes.
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            for start in range(0, len(out), _READ_PIECE):
-                piece = out[start : start + _READ_PIECE]
-                _read_exactly(fd, piece, start, chunk)
-                if hasher is not None:
-                    hasher.update(piece)
+            if direct:
+                _read_staged(fd, out, hasher, chunk)
+            else:
+                # Sequential: the kernel reads ahead while this thread copies and hashes.
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                for start in range(0, len(out), _READ_PIECE):
+                    piece = out[start : start + _READ_PIECE]
+                    _read_exactly(fd, piece, start, chunk)
+                    if hasher is not None:
+                        hasher.update(piece)
         finally:
             os.close(fd)
         if hasher is not None and hasher.hexdigest() != chunk:

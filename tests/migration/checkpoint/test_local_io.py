@@ -1,5 +1,5 @@
-"""The local store's I/O paths: streamed writes handed to I/O threads, and the hash check of a
-chunk read in parts that land in any order."""
+"""The local store's I/O paths: streamed writes handed to I/O threads, reads with O_DIRECT
+through the staging ring or through the page cache, and the hash check of what is read."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from .conftest import temporaries
 from .test_store_contract import assert_same_state, flip_byte
 
 
-def test_a_chunk_read_in_pieces_is_checked_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["O_DIRECT", "page cache"])
+def test_a_chunk_read_in_pieces_is_checked_whole(tmp_path: Path, direct: bool) -> None:
     # 2.5 MiB chunks: two whole 1 MiB pieces and a short one; damage in the last piece only.
-    store = LocalStore(tmp_path / "store", chunk_size=5 * 512 * 1024)
+    store = LocalStore(tmp_path / "store", chunk_size=5 * 512 * 1024, direct=direct)
     state = {"w": np.random.default_rng(0).random(5 * 64 * 1024 * 2)}
     result = store.save("job-1", 1, state)
     assert_same_state(state, store.load(result.ref).state)
@@ -30,6 +31,38 @@ def test_a_chunk_read_in_pieces_is_checked_whole(tmp_path: Path) -> None:
         store.load(result.ref)
     assert caught.value.chunk == chunk
     assert caught.value.where == "tensor state/w"
+    store.close()
+
+
+def test_a_direct_store_reads_around_the_page_cache_into_memory_of_any_alignment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
+    if not store.direct:
+        pytest.skip("this file system takes no O_DIRECT")
+    state = unaligned_state(3)  # 1 MiB chunks and a tail that is not a whole block
+    ref = store.save("job-1", 1, state).ref
+    chunks = store.load_manifest(ref).tensors["state/w"]["chunks"]
+    opened: list[int] = []
+    real_open = os.open
+
+    def recording_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if "chunks" in str(path) and not flags & (os.O_WRONLY | os.O_RDWR):
+            opened.append(flags)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    assert_same_state(state, store.load(ref).state)
+    assert len(opened) == len(chunks)
+    # The three whole chunks bypass the page cache; the short last one is read through it.
+    assert [bool(f & os.O_DIRECT) for f in opened].count(True) == 3
+    # Into unaligned memory (a verify reads into a bytearray), every byte is still checked.
+    store.verify(ref)
+    chunk, size = chunks[1]
+    flip_byte(store, chunk, size, offset=size - 1)
+    with pytest.raises(CorruptChunk, match="does not match its hash") as caught:
+        store.verify(ref)
+    assert caught.value.chunk == chunk
     store.close()
 
 
