@@ -554,19 +554,18 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         gibps(total, Spread(saves["raw"]).median),
         "1.00x",
     )
-    row(
+
+    def against_raw(name: str, title: str) -> None:
+        seconds = Spread(saves[name])
+        rate = gibps(total, seconds.median)
+        row(title, label, seconds, rate, f"{ratios(saves[name], saves['raw']).ratio()} raw")
+
+    against_raw(
+        "chunk files",
         f"raw write as {DEFAULT_CHUNK_SIZE // MIB} MiB chunk files at once (the store's layout)",
-        label,
-        Spread(saves["chunk files"]),
-        gibps(total, Spread(saves["chunk files"]).median),
-        f"{ratios(saves['chunk files'], saves['raw']).ratio()} raw",
     )
-    row(
-        "  the same while every core copies and hashes other memory",
-        label,
-        Spread(saves["chunk files, cores busy"]),
-        gibps(total, Spread(saves["chunk files, cores busy"]).median),
-        f"{ratios(saves['chunk files, cores busy'], saves['raw']).ratio()} raw",
+    against_raw(
+        "chunk files, cores busy", "  the same while every core copies and hashes other memory"
     )
     spread = ratios(saves["baton"], saves["raw"])
     row(
@@ -593,9 +592,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         ("numpy.savez", "numpy.savez + fsync"),
     ):
         if name in saves:
-            seconds = Spread(saves[name])
-            rate = gibps(total, seconds.median)
-            row(title, label, seconds, rate, f"{ratios(saves[name], saves['raw']).ratio()} raw")
+            against_raw(name, title)
     rivals = [name for name in ("torch.save", "safetensors", "DCP") if name in saves]
     if rivals:
         fastest = [min(saves[name][i] for name in rivals) for i in range(repeat)]
