@@ -239,15 +239,15 @@ def raw_writes(flats: tuple[np.ndarray, np.ndarray], work: Path) -> dict[str, Ca
     return {f"raw {name}": run for name, run in zip(RAW_WAYS, ways, strict=True)}
 
 
-def chunk_files_write(huge: np.ndarray, work: Path) -> Callable[[], float]:
+def chunk_files_write(
+    huge: np.ndarray, work: Path, pool: ThreadPoolExecutor
+) -> Callable[[], float]:
     """The disk's limit for the store's layout: the same bytes as one new file per
-    `DEFAULT_CHUNK_SIZE` chunk, all written at once (O_DIRECT from huge pages, one write each,
-    on as many threads as a store has workers) and fsynced, then their folder; no hashing,
-    copying, renames or manifest. Against the raw write it shows what the layout alone costs on
-    this disk; against it, what a save adds."""
+    `DEFAULT_CHUNK_SIZE` chunk, all written at once on `pool` (O_DIRECT from huge pages, one
+    write each) and fsynced, then their folder; no hashing, copying, renames or manifest.
+    Against the raw write it shows what the layout alone costs on this disk; against it, what
+    a save adds."""
     folder = work / "chunk-files"
-    pool = ThreadPoolExecutor(8)
-    list(pool.map(lambda _: None, range(8)))  # threads started outside the timing
 
     def run() -> float:
         fresh(folder).mkdir()
@@ -533,10 +533,14 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         dcp.save(tensors, checkpoint_id=str(path))  # fsyncs its files (sync_files=True)
         return time.perf_counter() - started
 
+    # As many threads as a store has workers, started outside the timing.
+    writers = ThreadPoolExecutor(8)
+    list(writers.map(lambda _: None, range(8)))
+    chunk_files = chunk_files_write(flat[1], work, writers)
     contenders: dict[str, Callable[[], float]] = {
         **raw_writes(flat, work),
-        "chunk files": chunk_files_write(flat[1], work),
-        "chunk files, cores busy": while_cores_busy(chunk_files_write(flat[1], work)),
+        "chunk files": chunk_files,
+        "chunk files, cores busy": while_cores_busy(chunk_files),
         "baton": baton,
     }
     if HAS_TORCH:
@@ -546,6 +550,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         contenders["safetensors"] = safetensors_save
     contenders["numpy.savez"] = numpy_save
     saves = interleaved(contenders, repeat)
+    writers.shutdown()
     way, saves["raw"], fastest_each = fastest_raw(saves)
     row(
         f"raw write + fsync, the fastest way by median ({way})",
