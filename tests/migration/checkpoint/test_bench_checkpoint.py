@@ -57,32 +57,75 @@ def test_an_unknown_section_is_named() -> None:
     assert "unknown section(s) ['speed']" in out.stderr
 
 
-def test_the_sizes_section_shows_what_the_store_layout_alone_costs_on_this_disk(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture(scope="module")
+def sizes_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One run of the sizes section at 20 MiB: its output and scratch folder."""
+    work = tmp_path_factory.mktemp("bench")
     out = run_bench(
         "checkpoint.py", "--sections", "sizes", "--sizes", "20", "--repeat", "5",
-        "--dir", str(tmp_path),
+        "--dir", str(work),
     )  # fmt: skip
-
     assert out.returncode == 0, out.stderr
-    ratio = r"(\d+\.\d\d)x \((\d+\.\d\d)-(\d+\.\d\d)\)"
+    return out.stdout, work
+
+
+RATIO = r"(\d+\.\d\d)x \((\d+\.\d\d)-(\d+\.\d\d)\)"
+
+
+def spread_of(pattern: str, stdout: str, name: str) -> tuple[float, float, float]:
+    """The median, min and max of the ratio in the row `pattern` matches."""
+    found = re.search(pattern, stdout)
+    assert found, f"{name} row missing:\n{stdout}"
+    median, low, high = (float(found.group(i)) for i in (1, 2, 3))
+    assert low <= median <= high
+    return median, low, high
+
+
+def test_the_sizes_section_shows_what_the_store_layout_alone_costs_on_this_disk(
+    sizes_run: tuple[str, Path],
+) -> None:
+    stdout, work = sizes_run
     rows = {
         "layout": rf"raw write as 16 MiB chunk files at once \(the store's layout\)\s+20 MiB"
-        rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{ratio} raw",
+        rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{RATIO} raw",
         "busy": rf"the same while every core copies and hashes other memory\s+20 MiB"
-        rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{ratio} raw",
-        "save over layout": rf"the same / the raw write as chunk files\s+20 MiB\s+{ratio} "
+        rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{RATIO} raw",
+        "save over layout": rf"the same / the raw write as chunk files\s+20 MiB\s+{RATIO} "
         r"chunk files",
     }
     for name, pattern in rows.items():
-        found = re.search(pattern, out.stdout)
-        assert found, f"{name} row missing:\n{out.stdout}"
-        median, low, high = (float(found.group(i)) for i in (1, 2, 3))
-        assert low <= median <= high
+        spread_of(pattern, stdout, name)
     # The rows come between the raw write they are measured against and the save.
-    order = [
-        out.stdout.index(s) for s in ("raw write + fsync", "chunk files at once", "Baton full")
-    ]
+    order = [stdout.index(s) for s in ("raw write + fsync", "chunk files at once", "Baton full")]
     assert order == sorted(order)
-    assert list(tmp_path.iterdir()) == []  # every contender's files are removed
+    assert list(work.iterdir()) == []  # every contender's files are removed
+
+
+def test_the_emergency_save_is_judged_against_the_raw_write_in_its_own_place(
+    sizes_run: tuple[str, Path],
+) -> None:
+    stdout, _ = sizes_run
+    way = re.search(r"raw write \+ fsync, the fastest way by median \(([^)]+)\)", stdout)
+    assert way, stdout
+    # Its baseline: the same way of writing, after a write and a second of training steps.
+    spread_of(
+        rf"raw write after a write and a second of training steps \({re.escape(way.group(1))}\)"
+        rf"\s+20 MiB\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{RATIO} raw",
+        stdout,
+        "raw after steps",
+    )
+    found = re.search(
+        rf"Baton emergency save \(SIGTERM -> commit\)\s+20 MiB\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+"
+        rf"{RATIO} raw after steps\s+<= 1\.10x raw\s+(met|MISSED)",
+        stdout,
+    )
+    assert found, stdout
+    median = float(found.group(1))
+    if median != 1.10:  # printed to 0.01: at 1.10 the rounding hides the side
+        assert (found.group(4) == "met") == (median < 1.1)
+    # The ratio to the raw write right after other writes is printed beside it.
+    spread_of(
+        rf"the same / the raw write right after other writes\s+20 MiB\s+{RATIO} raw",
+        stdout[found.end() :],
+        "emergency over warm raw",
+    )
