@@ -172,11 +172,13 @@ class Manifest:
         return found
 
     def to_json(self) -> bytes:
-        """Canonical JSON with a checksum over everything else, so a damaged manifest is caught."""
+        """Canonical JSON of every field with a checksum over it put first, so a damaged
+        manifest is caught (a reader takes the checksum out and encodes the rest again).
+        Encoded once: a save commits after its manifest is encoded, and for a thousand
+        tensors each encoding took 2-2.5 ms (decision 055)."""
         body = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        body["checksum"] = digest(canonical.encode())
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return b'{"checksum":"' + digest(canonical).encode() + b'",' + canonical[1:]
 
     @classmethod
     def from_json(cls, key: str, data: bytes) -> Manifest:

@@ -216,6 +216,17 @@ def test_a_damaged_manifest_is_reported_not_loaded(store: Store) -> None:
         store.load_manifest(ManifestRef("job-1", 7, "final", 0))
 
 
+def test_a_manifest_with_its_checksum_among_the_sorted_fields_is_still_read(store: Store) -> None:
+    # How manifests were laid out before the checksum went first: stores keep them.
+    result = store.save("job-1", 1, make_state())
+    body = json.loads(store._get_object(result.ref.key))
+    store._put_object(
+        result.ref.key, json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    )
+    assert store.load_manifest(result.ref) == result.manifest
+    assert_same_state(make_state(), store.load(result.ref).state)
+
+
 def test_gc_keeps_the_newest_and_only_chunks_still_referenced(store: Store) -> None:
     shared = np.full(CHUNK // 8, 3.0)
     for step in range(1, 5):
