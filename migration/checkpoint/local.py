@@ -27,7 +27,7 @@ import numpy as np
 from .errors import CorruptChunk, ManifestNotFound, StoreError
 from .hashing import Hasher, new_hasher
 from .manifest import EMERGENCY
-from .snapshot import aligned_empty
+from .snapshot import Gathered, aligned_empty
 from .store import DEFAULT_CHUNK_SIZE, Store, Wait, _start_all_threads
 
 logger = logging.getLogger(__name__)
@@ -387,7 +387,7 @@ class LocalStore(Store):
             logger.debug("%s: no O_DIRECT on this file system; writing buffered", self.root)
             return None
 
-    def _write_streaming(self, data: memoryview) -> tuple[str, object] | None:
+    def _write_streaming(self, data: memoryview | Gathered) -> tuple[str, object] | None:
         """Copy, hash and write a chunk a piece at a time. Each piece is hashed while it is in
         the CPU cache, then its write goes to the store's I/O threads (O_DIRECT, at its offset)
         while this thread copies and hashes the next pieces: hashing and writing overlap, so
@@ -400,8 +400,9 @@ class LocalStore(Store):
         if fd is None:
             return None
         hasher = new_hasher()
-        source = np.frombuffer(data, dtype=np.uint8)
-        aligned = source.ctypes.data % _ALIGN == 0
+        gathered = data if isinstance(data, Gathered) else None
+        source = None if isinstance(data, Gathered) else np.frombuffer(data, dtype=np.uint8)
+        aligned = source is not None and source.ctypes.data % _ALIGN == 0
         body = len(data) - len(data) % _ALIGN
         writes = _PieceWrites(self._io_executor(), fd)
         try:
@@ -409,12 +410,15 @@ class LocalStore(Store):
                 for index, start in enumerate(range(0, body, _STREAM_PIECE)):
                     end = min(start + _STREAM_PIECE, body)
                     if aligned:
-                        piece = data[start:end]
+                        piece = cast(memoryview, data)[start:end]
                     else:
                         # The ring buffer this piece takes was last written from by a piece
                         # whose write was seen finished before the previous piece went out.
                         staged = _stream_ring()[index % len(_stream_ring())][: end - start]
-                        staged[:] = source[start:end]
+                        if gathered is not None:
+                            gathered[start:end].copy_into(staged)
+                        else:
+                            staged[:] = cast(np.ndarray, source)[start:end]
                         piece = staged.data
                     hasher.update(piece)
                     writes.make_room()
@@ -422,8 +426,10 @@ class LocalStore(Store):
                 writes.drain()
                 if body < len(data):
                     _clear_direct(fd)
-                    hasher.update(data[body:])
-                    _pwrite_all(fd, data[body:], body)
+                    tail = data[body:]
+                    tail_bytes = tail.gather() if isinstance(tail, Gathered) else tail
+                    hasher.update(tail_bytes)
+                    _pwrite_all(fd, tail_bytes, body)
             finally:
                 writes.drain(quiet=True)
                 os.close(fd)

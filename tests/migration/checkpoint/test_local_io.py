@@ -15,7 +15,7 @@ from migration.checkpoint import CorruptChunk, LocalStore
 from migration.checkpoint import local as local_module
 
 from .conftest import temporaries
-from .test_store_contract import assert_same_state, flip_byte
+from .test_store_contract import assert_same_state, flip_byte, medium_state
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["O_DIRECT", "page cache"])
@@ -88,6 +88,22 @@ def test_a_streamed_save_from_unaligned_memory_loads_identical_and_leaves_no_tem
     ref = store.save("job-1", 1, state).ref
     assert_same_state(state, store.load(ref).state)
     store.verify(ref)
+    assert temporaries(tmp_path / "store") == []
+    store.close()
+
+
+@pytest.mark.parametrize("streams", [True, False], ids=["streamed", "whole chunks"])
+def test_a_pack_gathered_from_live_tensors_is_written_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streams: bool
+) -> None:
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
+    monkeypatch.setattr(store, "_streams", lambda kind: streams)
+    store.direct = store.direct or streams  # streamed writes are O_DIRECT ones
+    state = medium_state()
+    result = store.save("job-1", 1, state)
+    assert result.manifest.pack is not None and result.manifest.pack["nbytes"] > 1024 * 1024
+    assert_same_state(state, store.load(result.ref).state)
+    store.verify(result.ref)
     assert temporaries(tmp_path / "store") == []
     store.close()
 

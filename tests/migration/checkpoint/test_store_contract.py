@@ -444,6 +444,37 @@ def test_tensors_of_every_size_and_layout_round_trip(store: Store) -> None:
     store.verify(result.ref)
 
 
+def medium_state() -> dict[str, np.ndarray]:
+    """Tensors that train between the small limit and a mebibyte, one frozen of that size and
+    a small one: what a model of many modest layers looks like."""
+    rng = np.random.default_rng(4)
+    state = {f"layer{i}": rng.random(75_000 + 7 * i, dtype=np.float32) for i in range(6)}
+    frozen = rng.random(100_000, dtype=np.float32)
+    frozen.flags.writeable = False
+    state["frozen"] = frozen
+    state["bias"] = rng.random(100, dtype=np.float32)
+    return state
+
+
+def test_tensors_that_train_up_to_a_mebibyte_share_the_packs_chunks(store: Store) -> None:
+    state = medium_state()
+    result = store.save("job-1", 1, state)  # reads the live tensors, copies nothing
+    tensors = result.manifest.tensors
+    assert all("pack" in tensors[f"state/layer{i}"] for i in range(6))
+    assert "chunks" in tensors["state/frozen"]  # its own chunks, skipped while it stays frozen
+    pack = result.manifest.pack
+    assert pack is not None
+    assert result.manifest.chunks_total == -(-pack["nbytes"] // CHUNK) + 1
+    assert_same_state(state, store.load(result.ref).state)
+    store.verify(result.ref)
+    # A save that copies the state first (as an asynchronous one does) lays the pack out the
+    # same, so it finds every chunk already stored.
+    copied = Snapshot.capture(state, copy=True)
+    again = store.commit("job-1", 2, copied)
+    assert again.bytes_new == 0
+    assert again.manifest.pack == pack
+
+
 def test_a_directory_snapshot_rereads_a_file_whose_old_chunks_are_gone(
     store: Store, tmp_path: Path
 ) -> None:
