@@ -27,7 +27,7 @@ import numpy as np
 from .errors import CorruptChunk, ManifestNotFound, StoreError
 from .hashing import Hasher, new_hasher
 from .manifest import EMERGENCY
-from .snapshot import Gathered, aligned_empty
+from .snapshot import Gathered, aligned_empty, staging_buffer
 from .store import DEFAULT_CHUNK_SIZE, Store, Wait, _start_all_threads
 
 logger = logging.getLogger(__name__)
@@ -50,16 +50,7 @@ _READ_PIECE = 1024 * 1024
 _STREAM_DEPTH = 2
 _IO_THREADS = 8
 _RING_BYTES = -(-(_STREAM_DEPTH + 1) * _STREAM_PIECE // (2 * 1024 * 1024)) * 2 * 1024 * 1024
-_bounce = threading.local()
-
-
-def _bounce_buffer(nbytes: int) -> np.ndarray:
-    """An aligned per-thread buffer to stage data whose address is not block-aligned."""
-    buf = getattr(_bounce, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = aligned_empty(nbytes, huge=True)
-        _bounce.buf = buf
-    return buf
+_ring_of_thread = threading.local()
 
 
 def _write_all(fd: int, data: memoryview | bytes) -> None:
@@ -98,14 +89,14 @@ def _stream_ring() -> list[np.ndarray]:
     (two of 2 MiB: a virtual disk split each 1 MiB direct write from 4 KiB pages in two, and
     eight threads writing 1 MiB pieces took 1.31x the raw write through 4 KiB pages against
     0.98x through huge pages; decision 055)."""
-    ring = getattr(_bounce, "ring", None)
+    ring = getattr(_ring_of_thread, "ring", None)
     if ring is None:
         pieces = aligned_empty(_RING_BYTES, huge=True)
         pieces.fill(0)  # faulted in now, not inside the first save that streams
         ring = [
             pieces[i * _STREAM_PIECE : (i + 1) * _STREAM_PIECE] for i in range(_STREAM_DEPTH + 1)
         ]
-        _bounce.ring = ring
+        _ring_of_thread.ring = ring
     return cast(list[np.ndarray], ring)
 
 
@@ -479,9 +470,9 @@ class LocalStore(Store):
         source = np.frombuffer(data, dtype=np.uint8)
         if source.ctypes.data % _ALIGN == 0:
             return data
-        bounce = _bounce_buffer(len(data))
-        bounce[: len(data)] = source
-        return bounce[: len(data)].data
+        bounce = staging_buffer(len(data))
+        bounce[:] = source
+        return bounce.data
 
     def _write_direct(self, tmp: Path, data: memoryview) -> bool:
         """Write a chunk with O_DIRECT: the disk reads our buffer, no page-cache copy (a fifth

@@ -20,7 +20,7 @@ import mmap
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -132,18 +132,24 @@ class Gathered:
         out[end:] = 0
 
     def gather(self) -> memoryview:
-        """The bytes, in the calling thread's gathering buffer: valid until the thread gathers
-        again (aligned for O_DIRECT, kept for the thread's next chunk)."""
-        buf = getattr(_gathering, "buf", None)
-        if buf is None or buf.nbytes < self.nbytes:
-            buf = aligned_empty(self.nbytes, huge=True)
-            _gathering.buf = buf
-        out = buf[: self.nbytes]
+        """The bytes, in the calling thread's `staging_buffer`."""
+        out = staging_buffer(self.nbytes)
         self.copy_into(out)
         return out.data
 
 
-_gathering = threading.local()
+_staging = threading.local()
+
+
+def staging_buffer(nbytes: int) -> np.ndarray:
+    """The calling thread's buffer of `nbytes`, aligned for O_DIRECT and in huge pages, where a
+    chunk is gathered or staged before it is hashed and written: kept for the thread's next
+    chunk, so its contents are valid until the thread stages again."""
+    buf = getattr(_staging, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = aligned_empty(nbytes, huge=True)
+        _staging.buf = buf
+    return cast(np.ndarray, buf[:nbytes])
 
 
 @dataclass
