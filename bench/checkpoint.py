@@ -833,7 +833,7 @@ def changed_bytes(before: dict[str, bytes], after: dict[str, bytes]) -> int:
 
 
 def flat_bytes(state: object, extra: object) -> dict[str, bytes]:
-    snap = Snapshot.capture(state, extra, copy=True, small_limit=0)
+    snap = Snapshot.capture(state, extra, copy=True, small_limit=0, pack_limit=0)
     return {t.name: bytes(t.data) for t in snap.tensors if t.data is not None}
 
 

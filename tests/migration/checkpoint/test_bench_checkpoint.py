@@ -129,3 +129,22 @@ def test_the_emergency_save_is_judged_against_the_raw_write_in_its_own_place(
         stdout[found.end() :],
         "emergency over warm raw",
     )
+
+
+def test_the_lora_section_measures_what_an_incremental_save_writes(tmp_path: Path) -> None:
+    out = run_bench(
+        "checkpoint.py", "--sections", "lora", "--sizes", "64", "--repeat", "5",
+        "--dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert out.returncode == 0, out.stderr
+    found = re.search(
+        rf"lora_sim incremental save: bytes written / changed\s+(\d+\.\d) of (\d+\.\d) MiB"
+        rf"\s+\d\.\d+\s+{RATIO.replace('x', '')}\s+<= 1\.10\s+(met|MISSED)",
+        out.stdout,
+    )
+    assert found, out.stdout
+    written, changed = float(found.group(1)), float(found.group(2))
+    # The adapters that train change at every step; the frozen base is never written again.
+    assert 0 < changed < 64 * 0.1
+    assert found.group(6) == "met" and written <= changed * 1.1
