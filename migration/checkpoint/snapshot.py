@@ -3,8 +3,8 @@
 A state is any nesting of dicts (str or int keys), lists and tuples whose leaves are numpy arrays,
 torch tensors (when torch is installed), numpy scalars, bytes or JSON values. The tree keeps the
 shape of the nesting; every array becomes a named tensor whose raw bytes are chunked by the
-store. Small tensors (biases, RNG states, step counters), and tensors that train of up to a
-mebibyte, are packed into one shared byte range so a model with hundreds of them does not
+store. Small tensors (biases, RNG states, step counters), and tensors that train of up to
+1 MiB, are packed into one shared byte range so a model with hundreds of them does not
 become hundreds of small chunk files. A save that copies the state copies the pack into one
 buffer; one that does not describes it as pieces of the live tensors (`Gathered`).
 
@@ -29,9 +29,9 @@ from .manifest import ChunkList
 
 SMALL_TENSOR_BYTES = 256 * 1024
 # Tensors that train, up to this size, are packed too: a chunk file of their own each made a
-# state of 1 MiB tensors save at 1.5-1.8x the raw write, and one of 300 KiB tensors at 3.4-4x;
-# packed, 1.2x and 1.4-1.8x. Tensors of 2 MiB gained nothing, of 4 MiB lost (decision 055).
-# Frozen ones above SMALL_TENSOR_BYTES keep their own chunks, which a later save skips unread.
+# state of 300 KiB tensors save at 4x the raw write and one of 1 MiB tensors at 1.7x; packed,
+# 1.16x and 0.95x (decision 055). Frozen ones above SMALL_TENSOR_BYTES keep their own chunks,
+# which a later save skips unread.
 PACK_TENSOR_BYTES = 1024 * 1024
 _ALIGN = 64
 _NUMPY_KINDS = "biufc"

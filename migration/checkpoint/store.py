@@ -591,8 +591,8 @@ class Store(ABC):
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
             if "pack" in entry:
-                # A view: tensors of up to a mebibyte are packed, and copying them out of the
-                # pack cost a restore of 1 MiB tensors half its time again (decision 055).
+                # A view: tensors of up to 1 MiB are packed, and copying them out of the pack
+                # cost a restore of 1 MiB tensors half its time again (decision 055).
                 start = entry["pack"]
                 raw = pack[start : start + entry["nbytes"]]
             else:
@@ -852,20 +852,23 @@ class _ChunkWriter:
         if self.cancel is not None and self.cancel():
             self.abort.set()
             raise SaveCancelled("save cancelled")
+        nbytes = len(view)
         staged: memoryview | None = None
         token: object | None = None
+        whole: memoryview | None = None  # the chunk's bytes, when it is not streamed
         streamed = self.store._write_streaming(view) if known is None and self.stream else None
-        if isinstance(view, Gathered):  # not streamed: gathered whole
-            view = view.gather()
         if streamed is not None:
             chunk, token = streamed
-        elif known is None:
-            # Staging first (a copy into an aligned buffer, where the backend needs one) lets
-            # the hash read the copy while it is still in the CPU cache.
-            staged = self.store._stage(view)
-            chunk = digest(staged)
         else:
-            chunk = known
+            # A gathered pack chunk is gathered once, here, on the worker that writes it.
+            whole = view.gather() if isinstance(view, Gathered) else view
+            if known is None:
+                # Staging first (a copy into an aligned buffer, where the backend needs one)
+                # lets the hash read the copy while it is still in the CPU cache.
+                staged = self.store._stage(whole)
+                chunk = digest(staged)
+            else:
+                chunk = known
         with self.lock:
             self.chunks_total += 1
             duplicate = chunk in self.claimed
@@ -873,17 +876,17 @@ class _ChunkWriter:
         if duplicate or self.store._chunk_present(chunk):
             if streamed is not None:
                 self.store._abandon_chunks([token])
-            return chunk, len(view)
-        if streamed is None:
-            data = staged if staged is not None else self.store._stage(view)
+            return chunk, nbytes
+        if whole is not None:
+            data = staged if staged is not None else self.store._stage(whole)
             token = self.store._write_chunk(chunk, data)
         with self.lock:
             if token is not None:
                 self.tokens.append(token)
                 self.token_of[chunk] = token
-            self.new_chunks[chunk] = len(view)
-            self.bytes_new += len(view)
-        return chunk, len(view)
+            self.new_chunks[chunk] = nbytes
+            self.bytes_new += nbytes
+        return chunk, nbytes
 
     def finish(self) -> None:
         """Wait for every queued chunk to be written, then start making the new ones durable

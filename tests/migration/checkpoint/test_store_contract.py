@@ -445,7 +445,7 @@ def test_tensors_of_every_size_and_layout_round_trip(store: Store) -> None:
 
 
 def medium_state() -> dict[str, np.ndarray]:
-    """Tensors that train between the small limit and a mebibyte, one frozen of that size and
+    """Tensors that train between the small limit and the pack's, one frozen of that size and
     a small one: what a model of many modest layers looks like."""
     rng = np.random.default_rng(4)
     state = {f"layer{i}": rng.random(75_000 + 7 * i, dtype=np.float32) for i in range(6)}
@@ -456,7 +456,7 @@ def medium_state() -> dict[str, np.ndarray]:
     return state
 
 
-def test_tensors_that_train_up_to_a_mebibyte_share_the_packs_chunks(store: Store) -> None:
+def test_modest_tensors_that_train_share_the_packs_chunks(store: Store) -> None:
     state = medium_state()
     result = store.save("job-1", 1, state)  # reads the live tensors, copies nothing
     tensors = result.manifest.tensors
