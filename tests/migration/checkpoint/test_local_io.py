@@ -102,7 +102,12 @@ def test_a_pack_gathered_from_live_tensors_is_written_both_ways(
     store.direct = store.direct or streams  # streamed writes are O_DIRECT ones
     gathered: list[int] = []
     gather = Gathered.gather
-    monkeypatch.setattr(Gathered, "gather", lambda self: gathered.append(len(self)) or gather(self))
+
+    def counting_gather(self: Gathered) -> memoryview:
+        gathered.append(len(self))
+        return gather(self)
+
+    monkeypatch.setattr(Gathered, "gather", counting_gather)
     state = medium_state()
     result = store.save("job-1", 1, state)
     pack = result.manifest.pack
