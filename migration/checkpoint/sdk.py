@@ -53,7 +53,7 @@ from .errors import CorruptChunk, CorruptManifest, SaveCancelled, StoreConfigErr
 from .local import LocalStore
 from .manifest import EMERGENCY, FINAL, PERIODIC, ManifestRef, check_job
 from .report import AgentReporter
-from .snapshot import BufferPool, FrozenCache, Snapshot
+from .snapshot import BufferPool, FrozenCache, Snapshot, pack_limit_for
 from .store import Checkpoint, SaveResult, Store, lower_thread_priority
 from .tiers import LOCAL_STORE_ENV, Uploader, checkpoint_event, open_local_tier
 from .urls import open_store
@@ -181,6 +181,7 @@ class Checkpointer:
         self.verify = store.verify_after_write if verify is None else verify
         # Where periodic saves commit: the local tier when there is one.
         self._persist_store = local_store or store
+        self._pack_limit = pack_limit_for(min(self._persist_store.chunk_size, store.chunk_size))
         self._persist_verify = self._persist_store.verify_after_write if verify is None else verify
         self._owns_store = owns_store
         for tier in (store, local_store):
@@ -473,7 +474,7 @@ class Checkpointer:
         self._cancel_persist = False
         if self.uploader is not None:
             self.uploader.supersede()
-        snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
+        snapshot = self._capture(state, extra, copy=False)
         result = self._commit(
             _PersistJob(step, EMERGENCY, snapshot, self._evaluate(val_loss), self._parent),
             verify=False,
@@ -500,7 +501,7 @@ class Checkpointer:
         self._wait_idle()
         if self.uploader is not None:
             self.uploader.supersede()
-        snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
+        snapshot = self._capture(state, extra, copy=False)
         return self._commit(
             _PersistJob(step, kind, snapshot, self._evaluate(val_loss), self._parent),
             verify=self.verify,
@@ -511,6 +512,18 @@ class Checkpointer:
     ) -> SaveResult:
         """The checkpoint of the finished run (kind `final`), synchronous."""
         return self.save(step, state, extra, kind=FINAL, val_loss=val_loss)
+
+    def _capture(self, state: object, extra: object, *, copy: bool) -> Snapshot:
+        """The state to save now, with the user's extra and the RNG states (see
+        `Snapshot.capture`); a copy goes into the buffers kept between saves."""
+        return Snapshot.capture(
+            state,
+            self._extra(extra),
+            copy=copy,
+            buffers=self._buffers if copy else None,
+            frozen=self._frozen,
+            pack_limit=self._pack_limit,
+        )
 
     def _extra(self, extra: object) -> dict[str, Any]:
         return {"user": extra, "rng": capture_rng_states()}
@@ -527,7 +540,7 @@ class Checkpointer:
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
         if not self.async_save:
-            snapshot = Snapshot.capture(state, self._extra(extra), copy=False, frozen=self._frozen)
+            snapshot = self._capture(state, extra, copy=False)
             try:
                 job = _PersistJob(step, kind, snapshot, reference, self._parent)
                 self._commit(job, self._persist_verify, store=self._persist_store)
@@ -535,13 +548,7 @@ class Checkpointer:
                 self.last_error = exc
                 logger.error("save of step=%d failed: %s", step, exc)
             return
-        snapshot = Snapshot.capture(
-            state,
-            self._extra(extra),
-            copy=True,
-            buffers=self._buffers,
-            frozen=self._frozen,
-        )
+        snapshot = self._capture(state, extra, copy=True)
         job = _PersistJob(step, kind, snapshot, reference, self._parent)
         with self._idle:
             self._job = job

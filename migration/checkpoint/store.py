@@ -39,7 +39,7 @@ from .manifest import (
     check_kind,
     manifests_prefix,
 )
-from .snapshot import Gathered, Snapshot, aligned_empty, decode, materialise
+from .snapshot import Gathered, Snapshot, aligned_empty, decode, materialise, pack_limit_for
 
 if TYPE_CHECKING:
     from .directory import RestoreStats
@@ -378,7 +378,9 @@ class Store(ABC):
 
         The caller must not modify the arrays until this returns (they are read in place).
         """
-        snapshot = Snapshot.capture(state, extra, copy=False)
+        snapshot = Snapshot.capture(
+            state, extra, copy=False, pack_limit=pack_limit_for(self.chunk_size)
+        )
         return self.commit(
             job,
             step,

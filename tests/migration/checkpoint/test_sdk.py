@@ -148,7 +148,7 @@ def test_a_frozen_array_is_neither_copied_nor_rehashed_after_its_first_save() ->
     data = second.tensors[0].data
     assert data is not None and np.shares_memory(np.frombuffer(data, np.uint8), frozen)
     # Read-only views of memory that is still writeable elsewhere are not trusted.
-    writeable = np.ones(MIB, np.float32)
+    writeable = np.ones(2 * MIB, np.float32)  # 8 MiB: above the pack limit
     view = writeable.view()
     view.setflags(write=False)
     assert not is_frozen(view)

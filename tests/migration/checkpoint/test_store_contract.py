@@ -21,6 +21,7 @@ from migration.checkpoint import (
     SaveCancelled,
     Store,
 )
+from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Snapshot
 
 from .conftest import temporaries
@@ -473,6 +474,24 @@ def test_modest_tensors_that_train_share_the_packs_chunks(store: Store) -> None:
     again = store.commit("job-1", 2, copied)
     assert again.bytes_new == 0
     assert again.manifest.pack == pack
+
+
+@pytest.mark.parametrize(("chunk_size", "packed"), [(16 * CHUNK, True), (CHUNK, False)])
+def test_tensors_that_train_join_the_pack_up_to_the_stores_chunk_size(
+    tmp_path: Path, chunk_size: int, packed: bool
+) -> None:
+    from migration.checkpoint import LocalStore
+
+    # 2 MiB tensors: packed where a chunk holds several of them, their own chunks where each
+    # fills two chunks anyway.
+    state = {f"layer{i}": np.full(CHUNK // 2, i, np.float32) for i in range(3)}
+    store = LocalStore(tmp_path / "store", chunk_size=chunk_size)
+    saved = store.save("job-1", 1, state)
+    ckpt = Checkpointer(store, job="job-1", async_save=False, install_signal_handlers=False)
+    for manifest in (saved.manifest, ckpt.save(2, state).manifest):
+        assert [("pack" in manifest.tensors[f"state/layer{i}"]) for i in range(3)] == [packed] * 3
+    ckpt.close()
+    assert_same_state(state, store.load(saved.ref).state)
 
 
 def test_a_directory_snapshot_rereads_a_file_whose_old_chunks_are_gone(
