@@ -457,7 +457,10 @@ def _simulate_spot(inp: EstimateInput, interval_s: float) -> _Runs:
     max_wait = math.inf if inp.max_wait_hours is None else inp.max_wait_hours
 
     if inp.spot_available_now is None:
-        share_up = 1.0 if mean_down == 0 or rate == 0 else mean_up / (mean_up + mean_down)
+        # Spells that never end (a rate too small to tell from none) leave no share of the
+        # clock to outages: inf / (inf + down) would be NaN, and every job would start down.
+        endless = math.isinf(mean_up)
+        share_up = 1.0 if mean_down == 0 or endless else mean_up / (mean_up + mean_down)
         up = rng.random(n) < share_up
     else:
         up = np.full(n, bool(inp.spot_available_now))

@@ -68,6 +68,21 @@ def test_expected_spot_cost_grows_with_the_interruption_rate(
     assert finite(busy.spot.expected_cost) > finite(calm.spot.expected_cost)
 
 
+@pytest.mark.parametrize("outage", [0.5, 2.0])
+def test_a_rate_too_small_to_end_a_spell_costs_what_no_interruptions_cost(outage: float) -> None:
+    # A rate below one interruption in ENDLESS_HOURS gives spells that never end; the jobs
+    # must then start on spot, not all in an outage (the deadline rule sent them to on-demand).
+    def spot(rate: float) -> Any:
+        return estimate(
+            _input(interruption_rate_per_hour=rate, mean_outage_hours=outage, deadline_hours=14.0)
+        ).spot
+
+    tiny, none = spot(1e-9), spot(0.0)
+    assert tiny.expected_on_demand_hours == none.expected_on_demand_hours == 0.0
+    assert finite(tiny.expected_cost) == pytest.approx(finite(none.expected_cost))
+    assert finite(tiny.expected_cost) < finite(spot(0.01).expected_cost)
+
+
 @settings(max_examples=15, deadline=None)
 @given(rate=st.floats(0.0, 3.0), work=st.floats(0.5, 100), checkpoint=st.floats(0, 200))
 def test_on_demand_cost_does_not_depend_on_the_interruption_rate(
