@@ -572,14 +572,17 @@ class LocalStore(Store):
         path = self._chunk_path(chunk)
         flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
         deadline = time.monotonic() + _GC_ASIDE_WAIT_S
+        put_back = False  # gc may put it back between the open and the look for it aside
         while True:
             try:
                 return os.open(path, flags)
             except FileNotFoundError:
                 aside = next(path.parent.glob(f".{path.name}{_GC_ASIDE}*"), None)
-                if aside is None or time.monotonic() > deadline:
+                if (aside is None and put_back) or time.monotonic() > deadline:
                     raise CorruptChunk(chunk, "missing", where) from None
-            time.sleep(0.005)
+                put_back = aside is None
+            if not put_back:
+                time.sleep(0.005)
 
     def _read_pieces(self, chunk: str, out: memoryview, hasher: Hasher | None, where: str) -> None:
         """Fill `out` with the chunk, read from its start one piece at a time, each piece hashed

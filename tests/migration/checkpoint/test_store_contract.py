@@ -301,6 +301,35 @@ def test_a_read_waits_for_a_chunk_gc_has_moved_aside_while_it_decides(tmp_path: 
     store.close()
 
 
+def test_a_read_finds_a_chunk_gc_put_back_just_after_the_read_missed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The open misses the chunk (it is aside), and gc puts it back before the read looks for
+    # it aside: the read must look at the chunk again, not call it missing.
+    from migration.checkpoint import LocalStore
+    from migration.checkpoint.local import _gc_aside
+
+    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
+    result = store.save("job-1", 1, {"own": np.full(CHUNK // 8, 1.0)})
+    [chunk] = result.manifest.chunks()
+    path = store._chunk_path(chunk)
+    aside = _gc_aside(path)
+    os.rename(path, aside)
+    glob = Path.glob
+
+    def put_back_then_look(folder: Path, pattern: str) -> Any:
+        if aside.exists():
+            os.rename(aside, path)
+        return glob(folder, pattern)
+
+    monkeypatch.setattr(Path, "glob", put_back_then_look)
+    store.verify(result.ref)
+    os.unlink(path)
+    with pytest.raises(CorruptChunk, match="missing"):
+        store.verify(result.ref)
+    store.close()
+
+
 def test_gc_removes_a_listed_chunk_that_nothing_reused(tmp_path: Path) -> None:
     from migration.checkpoint import LocalStore
 
