@@ -19,6 +19,7 @@ from migration.checkpoint import (
     ManifestNotFound,
     ManifestRef,
     SaveCancelled,
+    SaveResult,
     Store,
 )
 from migration.checkpoint.sdk import Checkpointer
@@ -278,9 +279,9 @@ def test_gc_keeps_an_old_chunk_a_save_reuses_after_gc_listed_it(tmp_path: Path) 
     assert temporaries(tmp_path / "store") == []
 
 
-def test_a_read_waits_for_a_chunk_gc_has_moved_aside_while_it_decides(tmp_path: Path) -> None:
-    # gc moves an unreferenced chunk aside, then puts it back if a save reused it meanwhile; a
-    # restore of that save's checkpoint in between must not find the chunk missing.
+def _saved_then_moved_aside(tmp_path: Path) -> tuple[Store, SaveResult, Path, Path]:
+    """A store's one-chunk checkpoint whose chunk gc has moved aside: (store, save, the
+    chunk's path, where it is aside)."""
     from migration.checkpoint import LocalStore
     from migration.checkpoint.local import _gc_aside
 
@@ -289,8 +290,14 @@ def test_a_read_waits_for_a_chunk_gc_has_moved_aside_while_it_decides(tmp_path: 
     [chunk] = result.manifest.chunks()
     path = store._chunk_path(chunk)
     aside = _gc_aside(path)
-
     os.rename(path, aside)
+    return store, result, path, aside
+
+
+def test_a_read_waits_for_a_chunk_gc_has_moved_aside_while_it_decides(tmp_path: Path) -> None:
+    # gc moves an unreferenced chunk aside, then puts it back if a save reused it meanwhile; a
+    # restore of that save's checkpoint in between must not find the chunk missing.
+    store, result, path, aside = _saved_then_moved_aside(tmp_path)
     threading.Timer(0.2, os.rename, (aside, path)).start()  # gc puts it back
     store.verify(result.ref)
 
@@ -306,15 +313,7 @@ def test_a_read_finds_a_chunk_gc_put_back_just_after_the_read_missed_it(
 ) -> None:
     # The open misses the chunk (it is aside), and gc puts it back before the read looks for
     # it aside: the read must look at the chunk again, not call it missing.
-    from migration.checkpoint import LocalStore
-    from migration.checkpoint.local import _gc_aside
-
-    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
-    result = store.save("job-1", 1, {"own": np.full(CHUNK // 8, 1.0)})
-    [chunk] = result.manifest.chunks()
-    path = store._chunk_path(chunk)
-    aside = _gc_aside(path)
-    os.rename(path, aside)
+    store, result, path, aside = _saved_then_moved_aside(tmp_path)
     glob = Path.glob
 
     def put_back_then_look(folder: Path, pattern: str) -> Any:
