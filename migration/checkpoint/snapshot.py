@@ -17,8 +17,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import mmap
+import os
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -40,6 +42,50 @@ PACK_TENSOR_BYTES = 4 * 1024 * 1024
 def pack_limit_for(chunk_size: int) -> int:
     """The largest tensor that trains which a snapshot for a store of `chunk_size` packs."""
     return min(PACK_TENSOR_BYTES, chunk_size)
+
+
+# The copies an asynchronous save makes while the training loop waits go in pieces of this
+# size over every core the process may use: one thread copied 256 MiB in 36-40 ms here, two
+# in 22-25 ms (decision 055).
+_COPY_PIECE = 4 * 1024 * 1024
+_copiers: ThreadPoolExecutor | None = None
+_copiers_lock = threading.Lock()
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy each source into its destination (uint8 arrays of one length each), the pieces
+    shared between the calling thread and a helper thread for each other core."""
+    global _copiers
+    pieces = [
+        (dst[start : start + _COPY_PIECE], src[start : start + _COPY_PIECE])
+        for dst, src in pairs
+        for start in range(0, len(src), _COPY_PIECE)
+    ]
+    shares = min(_cores(), len(pieces))
+
+    def copy_share(share: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        for dst, src in share:
+            np.copyto(dst, src)
+
+    if shares <= 1:
+        copy_share(pieces)
+        return
+    with _copiers_lock:
+        if _copiers is None:
+            _copiers = ThreadPoolExecutor(_cores() - 1, thread_name_prefix="baton-copy")
+    helped = [_copiers.submit(copy_share, pieces[k::shares]) for k in range(1, shares)]
+    try:
+        copy_share(pieces[::shares])
+    finally:
+        for future in helped:
+            future.result()
 
 
 _ALIGN = 64
@@ -274,6 +320,7 @@ class Snapshot:
         large: list[TensorSource] = []
         small: list[tuple[bool, TensorSource, memoryview]] = []
         frozen_seen: list[np.ndarray] = []
+        copies: list[tuple[np.ndarray, np.ndarray]] = []
         for name, value in encoder.tensors.items():
             source, view, arr = _describe(name, value)
             if arr is not None and is_frozen(arr):
@@ -295,11 +342,12 @@ class Snapshot:
                     if buffers is not None
                     else np.empty(source.nbytes, np.uint8)
                 )
-                np.copyto(buf, np.frombuffer(view, dtype=np.uint8))
+                copies.append((buf, np.frombuffer(view, dtype=np.uint8)))
                 source.data = buf.data
             else:
                 source.data = view
             large.append(source)
+        _copy_all(copies)
         # Frozen small tensors go first: they then fill the same leading pack chunks at every
         # save, and only the chunks holding tensors that train are written again.
         small.sort(key=lambda item: not item[0])

@@ -24,6 +24,7 @@ from migration.checkpoint import (
     Store,
     StoreConfigError,
 )
+from migration.checkpoint import snapshot as snapshot_module
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import FrozenCache, Snapshot, is_frozen
 
@@ -155,6 +156,31 @@ def test_a_frozen_array_is_neither_copied_nor_rehashed_after_its_first_save() ->
     cache.remember(view, [("b" * 64, view.nbytes)])
     again = Snapshot.capture({"base": view}, copy=True, frozen=cache)
     assert again.tensors[0].known_chunks is None
+
+
+@pytest.mark.parametrize("cores", [1, 3])
+def test_a_copying_capture_holds_the_state_as_it_was(
+    cores: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The copies go in pieces over the cores; a tensor that ends inside a piece, and one of
+    # several pieces, come out whole, and training on after the capture changes neither.
+    monkeypatch.setattr(snapshot_module, "_cores", lambda: cores)
+    rng = np.random.default_rng(3)
+    state: dict[str, np.ndarray] = {
+        "big": rng.random(5 * MIB // 2 + 7),
+        "odd": rng.random(MIB + 3).astype(np.float32),
+    }
+    before = {name: value.copy() for name, value in state.items()}
+
+    snap = Snapshot.capture(state, copy=True)
+    for value in state.values():
+        value += 1
+
+    copied = {source.name: source.data for source in snap.tensors}
+    assert copied.keys() == {"state/big", "state/odd"}
+    for name, value in before.items():
+        data = copied[f"state/{name}"]
+        assert data is not None and bytes(data) == value.tobytes()
 
 
 def test_a_final_notice_during_a_persist_ends_with_a_committed_emergency_checkpoint(
