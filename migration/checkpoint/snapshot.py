@@ -52,6 +52,16 @@ _copiers: ThreadPoolExecutor | None = None
 _copiers_lock = threading.Lock()
 
 
+def _forget_copiers() -> None:
+    """In a forked child, which has none of its parent's threads: start copiers of its own."""
+    global _copiers, _copiers_lock
+    _copiers, _copiers_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_copiers)
+
+
 def _cores() -> int:
     """The cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):

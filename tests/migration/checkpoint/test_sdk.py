@@ -183,6 +183,26 @@ def test_a_copying_capture_holds_the_state_as_it_was(
         assert data is not None and bytes(data) == value.tobytes()
 
 
+def test_a_forked_child_captures_with_copiers_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A child forked after a capture has none of its parent's helper threads: work handed to
+    # them would never run, and its first capture would wait forever.
+    monkeypatch.setattr(snapshot_module, "_cores", lambda: 2)
+    state = {"w": np.ones(3 * MIB)}
+    Snapshot.capture(state, copy=True)
+    pid = os.fork()
+    if pid == 0:
+        snap = Snapshot.capture(state, copy=True)
+        os._exit(0 if bytes(snap.tensors[0].data or b"") == state["w"].tobytes() else 1)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's capture did not finish")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
 def test_a_final_notice_during_a_persist_ends_with_a_committed_emergency_checkpoint(
     store: LocalStore,
 ) -> None:
