@@ -45,9 +45,11 @@ def pack_limit_for(chunk_size: int) -> int:
 
 
 # The copies an asynchronous save makes while the training loop waits go in pieces of this
-# size over every core the process may use: one thread copied 256 MiB in 36-40 ms here, two
-# in 22-25 ms (decision 055).
+# size over the cores the process may use: one thread copied 256 MiB in 36-40 ms here, two
+# in 22-25 ms (decision 055). Beyond a few threads memory bandwidth, not the cores, sets the
+# pace (measured on two cores only), hence a cap.
 _COPY_PIECE = 4 * 1024 * 1024
+_COPY_THREADS_MAX = 8
 _copiers: ThreadPoolExecutor | None = None
 _copiers_lock = threading.Lock()
 
@@ -62,11 +64,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_copiers)
 
 
-def _cores() -> int:
-    """The cores this process may run on."""
+def _copy_threads() -> int:
+    """One per core this process may run on, at most `_COPY_THREADS_MAX`."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return min(len(os.sched_getaffinity(0)), _COPY_THREADS_MAX)
+    return min(os.cpu_count() or 1, _COPY_THREADS_MAX)
 
 
 def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -78,7 +80,7 @@ def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for dst, src in pairs
         for start in range(0, len(src), _COPY_PIECE)
     ]
-    shares = min(_cores(), len(pieces))
+    shares = min(_copy_threads(), len(pieces))
 
     def copy_share(share: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for dst, src in share:
@@ -89,7 +91,7 @@ def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         return
     with _copiers_lock:
         if _copiers is None:
-            _copiers = ThreadPoolExecutor(_cores() - 1, thread_name_prefix="baton-copy")
+            _copiers = ThreadPoolExecutor(_copy_threads() - 1, thread_name_prefix="baton-copy")
     helped = [_copiers.submit(copy_share, pieces[k::shares]) for k in range(1, shares)]
     try:
         copy_share(pieces[::shares])

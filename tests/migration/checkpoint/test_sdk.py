@@ -164,7 +164,7 @@ def test_a_copying_capture_holds_the_state_as_it_was(
 ) -> None:
     # The copies go in pieces over the cores; a tensor that ends inside a piece, and one of
     # several pieces, come out whole, and training on after the capture changes neither.
-    monkeypatch.setattr(snapshot_module, "_cores", lambda: cores)
+    monkeypatch.setattr(snapshot_module, "_copy_threads", lambda: cores)
     rng = np.random.default_rng(3)
     state: dict[str, np.ndarray] = {
         "big": rng.random(5 * MIB // 2 + 7),
@@ -186,7 +186,7 @@ def test_a_copying_capture_holds_the_state_as_it_was(
 def test_a_forked_child_captures_with_copiers_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     # A child forked after a capture has none of its parent's helper threads: work handed to
     # them would never run, and its first capture would wait forever.
-    monkeypatch.setattr(snapshot_module, "_cores", lambda: 2)
+    monkeypatch.setattr(snapshot_module, "_copy_threads", lambda: 2)
     state = {"w": np.ones(3 * MIB)}
     Snapshot.capture(state, copy=True)
     pid = os.fork()
