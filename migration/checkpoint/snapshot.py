@@ -80,7 +80,8 @@ def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for dst, src in pairs
         for start in range(0, len(src), _COPY_PIECE)
     ]
-    shares = min(_copy_threads(), len(pieces))
+    threads = _copy_threads()
+    shares = min(threads, len(pieces))
 
     def copy_share(share: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for dst, src in share:
@@ -91,7 +92,7 @@ def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         return
     with _copiers_lock:
         if _copiers is None:
-            _copiers = ThreadPoolExecutor(_copy_threads() - 1, thread_name_prefix="baton-copy")
+            _copiers = ThreadPoolExecutor(threads - 1, thread_name_prefix="baton-copy")
     helped = [_copiers.submit(copy_share, pieces[k::shares]) for k in range(1, shares)]
     try:
         copy_share(pieces[::shares])
