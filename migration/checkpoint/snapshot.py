@@ -418,6 +418,9 @@ def _describe(name: str, value: Any) -> tuple[TensorSource, memoryview, np.ndarr
     return source, raw.data, None
 
 
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
 class _Encoder:
     """Walks a nested object, replacing tensors by references and collecting them by name."""
 
@@ -430,6 +433,13 @@ class _Encoder:
             n += 1
             name = f"{path}#{n}"
         return name
+
+    def _items(self, values: list[Any] | tuple[Any, ...], path: str) -> list[Any]:
+        # Plain values pass as they are, without a path each: a training loop's state holds
+        # long runs of them (Python's random state is 625 ints), and every save encodes it.
+        return [
+            v if type(v) in _PLAIN else self.encode(v, f"{path}/{i}") for i, v in enumerate(values)
+        ]
 
     def encode(self, value: Any, path: str) -> Any:
         if value is None or isinstance(value, bool | int | float | str):
@@ -450,9 +460,9 @@ class _Encoder:
                 items.append([key, self.encode(item, f"{path}/{key}")])
             return {"$dict": items}
         if isinstance(value, tuple):
-            return {"$tuple": [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
+            return {"$tuple": self._items(value, path)}
         if isinstance(value, list):
-            return [self.encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+            return self._items(value, path)
         if isinstance(value, bytes | bytearray):
             return {"$bytes": base64.b64encode(bytes(value)).decode()}
         raise StoreError(f"{path}: cannot checkpoint a value of type {type(value).__name__}")

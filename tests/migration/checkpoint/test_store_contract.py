@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
+import random
 import threading
 import time
 from datetime import UTC, datetime
@@ -471,6 +473,23 @@ def test_tensors_of_every_size_and_layout_round_trip(store: Store) -> None:
         assert np.asarray(loaded[name]).dtype == np.asarray(value).dtype, name
     assert type(loaded["scalar"]) is np.float32
     store.verify(result.ref)
+
+
+def test_sequences_mixing_plain_values_and_tensors_load_back_each_in_its_place(
+    store: Store,
+) -> None:
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    weights = np.arange(10, dtype=np.float32)
+    state = {
+        "mixed": [1, "two", weights, 3.5, None, True, Level.HIGH, (4, weights * 2, b"raw")],
+        "python_rng": random.Random(5).getstate(),
+    }
+    result = store.save("job-1", 1, state)
+    assert sorted(result.manifest.tensors) == ["state/mixed/2", "state/mixed/7/1"]
+    loaded = store.load(result.ref).state
+    assert_same_state({**state, "mixed": [*state["mixed"][:6], 2, *state["mixed"][7:]]}, loaded)
 
 
 def medium_state() -> dict[str, np.ndarray]:
