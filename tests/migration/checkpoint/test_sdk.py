@@ -119,6 +119,31 @@ def test_a_save_that_comes_due_during_a_persist_waits_instead_of_piling_up(
     assert float(store.load(newest(store, "job-1")).state["w"][0]) == 5.0
 
 
+def _nice_of_threads(prefix: str) -> set[int]:
+    """The nice values of this process's threads whose names start with `prefix`."""
+    return {
+        os.getpriority(os.PRIO_PROCESS, t.native_id)
+        for t in threading.enumerate()
+        if t.name.startswith(prefix) and t.native_id is not None
+    }
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="per-thread nice values are Linux's")
+def test_a_persist_runs_at_the_lowest_cpu_priority_and_an_emergency_save_at_the_loops(
+    store: LocalStore,
+) -> None:
+    ckpt = make_ckpt(store, every_steps=1)
+    w = np.zeros(4 * MIB // 4, np.float32)
+    ckpt.maybe_save(1, {"w": w})
+    ckpt.wait()
+    loop = os.getpriority(os.PRIO_PROCESS, 0)
+    # Eight workers at +10 took half a core from a training loop that used every core.
+    assert _nice_of_threads("baton-persist") == {19}
+    assert _nice_of_threads("baton-store-bg") == {19}
+    assert _nice_of_threads("baton-store_") == {loop}  # the emergency save's workers
+    ckpt.close()
+
+
 def test_an_unchanged_tensor_is_not_written_again_by_periodic_saves(store: LocalStore) -> None:
     ckpt = make_ckpt(store, every_steps=1)
     frozen = np.random.default_rng(0).random(8 * MIB // 4, dtype=np.float32)
