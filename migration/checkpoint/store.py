@@ -52,11 +52,11 @@ DEFAULT_CHUNK_SIZE = 16 * 1024 * 1024
 # reference them (its manifest is written after its chunks).
 DEFAULT_GC_GRACE_S = 600.0
 
-# Added to the nice value of background workers (Linux applies it per thread). The most there
-# is: the workers weigh together, and at +10 eight of them weighed almost as much as one thread
-# of the training loop's, whose parallel matrix products then waited for the core they shared
-# (the steps after a checkpoint took 1.7x as long; decision 055). Even at +19 a persist gets a
-# tenth of a core the loop keeps busy, and every core the loop leaves idle.
+# Added to the nice value of background workers (Linux applies it per thread), the highest
+# there is: the workers weigh together, and at +10 eight of them weighed almost as much as one
+# thread of the training loop's, whose parallel matrix products then waited for the core they
+# shared (the steps after a checkpoint took 1.7x as long; decision 055). Even at +19 a persist
+# gets a tenth of a core the loop keeps busy, and every core the loop leaves idle.
 BACKGROUND_NICE = 19
 
 Cancel = Callable[[], bool]

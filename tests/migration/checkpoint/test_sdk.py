@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -128,7 +129,7 @@ def _nice_of_threads(prefix: str) -> set[int]:
     }
 
 
-@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="per-thread nice values are Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values")
 def test_a_persist_runs_at_the_lowest_cpu_priority_and_an_emergency_save_at_the_loops(
     store: LocalStore,
 ) -> None:
