@@ -35,12 +35,18 @@ def test_a_chunk_read_in_pieces_is_checked_whole(tmp_path: Path, direct: bool) -
     store.close()
 
 
-def test_a_direct_store_reads_around_the_page_cache_into_memory_of_any_alignment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def direct_store(tmp_path: Path) -> LocalStore:
+    """A store of 1 MiB chunks written with O_DIRECT (the test is skipped where it cannot be)."""
     store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
     if not store.direct:
         pytest.skip("this file system takes no O_DIRECT")
+    return store
+
+
+def test_a_direct_store_reads_around_the_page_cache_into_memory_of_any_alignment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = direct_store(tmp_path)
     state = unaligned_state(3)  # 1 MiB chunks and a tail that is not a whole block
     ref = store.save("job-1", 1, state).ref
     chunks = store.load_manifest(ref).tensors["state/w"]["chunks"]
@@ -101,9 +107,7 @@ def test_a_streamed_save_from_page_aligned_memory_hands_the_disk_its_staging_rin
     # 1.22x through the ring's huge pages (decision 055).
     from migration.checkpoint.snapshot import aligned_empty
 
-    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024)
-    if not store.direct:
-        pytest.skip("this file system takes no O_DIRECT")
+    store = direct_store(tmp_path)
     source = aligned_empty(3 * 1024 * 1024)
     source[:] = np.random.default_rng(3).integers(0, 256, source.size, dtype=np.uint8)
     first, last = source.ctypes.data, source.ctypes.data + source.nbytes
