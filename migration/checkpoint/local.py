@@ -181,6 +181,11 @@ def atomic_write(path: Path, data: memoryview | bytes, *, fsync: bool = True) ->
         fsync_dir(path.parent)
 
 
+# A chunk file gc recycled: kept in the chunks folder under this prefix until a save writes a
+# new chunk over it. Writing over blocks a file already holds skips the allocation of new ones
+# (and, on a disk that frees discarded blocks, their provisioning again): half the time of a
+# write to a new file on some virtual disks (decision 055, thirteenth pass).
+_RECYCLED = ".recycled-"
 # What gc renames a chunk to while it decides, and how long a read waits for it to come back.
 _GC_ASIDE = f"{_TMP_MARK}gc-"
 _GC_ASIDE_WAIT_S = 1.0
@@ -274,6 +279,10 @@ class LocalStore(Store):
         self._dirs_lock = threading.Lock()
         self._new_dirs = False
         self._io_pool: ThreadPoolExecutor | None = None
+        # Recycled chunk files (`_RECYCLED`), listed at first need and after each gc; files
+        # another process recycles meanwhile are found at the next listing.
+        self._recycled: list[Path] | None = None
+        self._recycled_lock = threading.Lock()
 
     def _io_executor(self) -> ThreadPoolExecutor:
         """Threads that only wait on the disk (the writes of streamed chunks): apart from the
@@ -364,14 +373,40 @@ class LocalStore(Store):
         # the last save; an empty store can hold none of the chunks.
         return self.direct and self.fsync and (kind == EMERGENCY or not self._list_dirs("chunks/"))
 
-    def _open_direct(self, tmp: Path) -> int | None:
-        """A new file opened for O_DIRECT writes, or None once this file system refused it
-        (the store then writes buffered from now on)."""
+    def _recycled_files(self) -> list[Path]:
+        """The recycled chunk files of this store's chunk size (call with the lock held)."""
+        if self._recycled is None:
+            self._recycled = [
+                Path(entry.path)
+                for entry in os.scandir(self.root / "chunks")
+                if entry.name.startswith(_RECYCLED)
+                and entry.stat(follow_symlinks=False).st_size == self.chunk_size
+            ]
+        return self._recycled
+
+    def _claim_recycled(self, tmp: Path) -> bool:
+        """Move a recycled chunk file to `tmp`; False when there is none."""
+        with self._recycled_lock:
+            files = self._recycled_files()
+            while files:
+                with contextlib.suppress(FileNotFoundError):  # another process took it
+                    os.rename(files.pop(), tmp)
+                    return True
+        return False
+
+    def _open_direct(self, tmp: Path, size: int) -> int | None:
+        """A file for the O_DIRECT writes of a chunk of `size` bytes, or None once this file
+        system refused O_DIRECT (the store then writes buffered from now on). A whole chunk
+        is written over a recycled file when there is one: every byte of it, as the file
+        already has the chunk's size."""
+        flags = os.O_WRONLY | os.O_CLOEXEC | os.O_DIRECT
+        recycled = size == self.chunk_size and self._claim_recycled(tmp)
         try:
-            return os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o644
-            )
+            return os.open(tmp, flags if recycled else flags | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
+            if recycled:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
             if exc.errno != errno.EINVAL:
                 raise
             self.direct = False
@@ -387,7 +422,7 @@ class LocalStore(Store):
         if not self.direct or len(data) < _DIRECT_MIN:
             return None
         tmp = self.root / "chunks" / f".stream{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        fd = self._open_direct(tmp)
+        fd = self._open_direct(tmp, len(data))
         if fd is None:
             return None
         hasher = new_hasher()
@@ -477,7 +512,7 @@ class LocalStore(Store):
         """Write a chunk with O_DIRECT: the disk reads our buffer, no page-cache copy (a fifth
         of the CPU of a buffered write, which a training loop beside a persist notices).
         False if this file system refuses O_DIRECT (the caller then writes buffered)."""
-        fd = self._open_direct(tmp)
+        fd = self._open_direct(tmp, len(data))
         if fd is None:
             return False
         try:
@@ -655,26 +690,47 @@ class LocalStore(Store):
                 st = entry.stat()
                 yield entry.name, st.st_size, st.st_mtime
 
-    def _sweep_chunks(self, listed: dict[str, float]) -> list[str]:
+    def _sweep_chunks(self, listed: dict[str, float], recycle_bytes: int) -> tuple[list[str], int]:
         # A save reuses a chunk by touching it (`_has_chunk`), and may do so after gc listed the
         # chunk as old. So a chunk is first moved aside: a save that touches it after the move
         # finds it missing and writes it again, and a touch before the move shows in its
         # modification time, in which case the chunk goes back. Either way a manifest never
-        # names a chunk that gc removed.
-        removed = []
-        for chunk, modified in listed.items():
-            path = self._chunk_path(chunk)
-            doomed = _gc_aside(path)
-            try:
-                os.rename(path, doomed)
-            except FileNotFoundError:
-                continue
-            if os.stat(doomed).st_mtime != modified:
-                os.rename(doomed, path)  # the same content as any copy written meanwhile
-                continue
-            os.unlink(doomed)
-            removed.append(chunk)
-        return removed
+        # names a chunk that gc removed. A removed chunk's file is recycled while the recycled
+        # files stay within `recycle_bytes`; the rest, and recycled files beyond it, are deleted.
+        with self._recycled_lock:
+            self._recycled = None
+            kept = self._recycled_files()
+            for entry in os.scandir(self.root / "chunks"):  # left by a store of another chunk size
+                if entry.name.startswith(_RECYCLED) and Path(entry.path) not in kept:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+            while len(kept) * self.chunk_size > recycle_bytes:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(kept.pop())
+            room = recycle_bytes - len(kept) * self.chunk_size
+            recycled_now = 0
+            removed = []
+            for chunk, modified in listed.items():
+                path = self._chunk_path(chunk)
+                doomed = _gc_aside(path)
+                try:
+                    os.rename(path, doomed)
+                except FileNotFoundError:
+                    continue
+                st = os.stat(doomed)
+                if st.st_mtime != modified:
+                    os.rename(doomed, path)  # the same content as any copy written meanwhile
+                    continue
+                if st.st_size == self.chunk_size <= room:
+                    recycled = self.root / "chunks" / f"{_RECYCLED}{secrets.token_hex(8)}"
+                    os.rename(doomed, recycled)
+                    kept.append(recycled)
+                    room -= self.chunk_size
+                    recycled_now += self.chunk_size
+                else:
+                    os.unlink(doomed)
+                removed.append(chunk)
+            return removed, recycled_now
 
     def _remove_stale_temporaries(self, older_than_s: float) -> None:
         now = time.time()

@@ -113,6 +113,9 @@ class GcStats:
     manifests_removed: list[str] = field(default_factory=list)
     chunks_removed: int = 0
     bytes_removed: int = 0
+    #: Of the bytes removed, those whose files the store kept for later saves to write their
+    #: new chunks over (local stores, up to the size of the job's newest checkpoints).
+    bytes_recycled: int = 0
 
 
 @dataclass
@@ -250,12 +253,17 @@ class Store(ABC):
     def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
         """Every chunk in the store as (digest, size, modified at as a POSIX time)."""
 
-    def _sweep_chunks(self, listed: dict[str, float]) -> builtins.list[str]:
+    def _sweep_chunks(
+        self, listed: dict[str, float], recycle_bytes: int
+    ) -> tuple[builtins.list[str], int]:
         """Delete unreferenced chunks, each listed with its modification time; return the ones
-        removed. Backends whose presence check renews a chunk's age (`_has_chunk`) keep a chunk
-        a save reused after it was listed."""
+        removed, and how many of their bytes were recycled. Backends whose presence check
+        renews a chunk's age (`_has_chunk`) keep a chunk a save reused after it was listed.
+        Backends that can write a new chunk over an old chunk's file may keep up to
+        `recycle_bytes` of such files (the size of the job's newest checkpoints), counting
+        those they kept before."""
         self._delete([self.chunk_key(chunk) for chunk in listed])
-        return builtins.list(listed)
+        return builtins.list(listed), 0
 
     def _remove_stale_temporaries(self, older_than_s: float) -> None:  # noqa: B027
         """Remove temporaries left by crashed writers (backends that have them override this)."""
@@ -666,30 +674,40 @@ class Store(ABC):
         self._delete([ref.key for ref in doomed])
         stats.manifests_removed = [ref.key for ref in doomed]
         referenced: set[str] = set()
+        # The bytes of this job's newest checkpoint of each rank: what its next save may write.
+        newest: dict[int, tuple[tuple[int, int, int], int]] = {}
         for other_job in self.jobs():
             for ref in self.list(other_job):
                 try:
-                    referenced.update(self.load_manifest(ref).chunks())
+                    chunks = self.load_manifest(ref).chunks()
                 except (CorruptManifest, ManifestNotFound) as exc:
                     # Its chunks are unknown; they may be swept. Say so rather than stop.
                     logger.warning("gc: skipping unreadable manifest %s: %s", ref, exc)
+                    continue
+                referenced.update(chunks)
+                if other_job == job and ref.sort_key > newest.get(ref.rank, ((-1, -1, -1), 0))[0]:
+                    newest[ref.rank] = (ref.sort_key, sum(chunks.values()))
         now = time.time()
         sizes: dict[str, int] = {}
         listed: dict[str, float] = {}
         for chunk, size, modified in self._iter_chunks():
             if chunk not in referenced and now - modified >= grace_s:
                 sizes[chunk], listed[chunk] = size, modified
-        removed = self._sweep_chunks(listed)
+        removed, stats.bytes_recycled = self._sweep_chunks(
+            listed, sum(size for _, size in newest.values())
+        )
         stats.chunks_removed = len(removed)
         stats.bytes_removed = sum(sizes[chunk] for chunk in removed)
         self._present.clear()
         self._remove_stale_temporaries(grace_s)
         logger.info(
-            "gc %s: removed %d manifests and %d chunks (%d bytes)",
+            "gc %s: removed %d manifests and %d chunks (%d bytes, %d of them kept as files for "
+            "later saves to write over)",
             job,
             len(doomed),
             stats.chunks_removed,
             stats.bytes_removed,
+            stats.bytes_recycled,
         )
         return stats
 

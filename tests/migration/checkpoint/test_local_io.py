@@ -357,3 +357,85 @@ def test_a_failed_chunk_fsync_fails_the_save_and_leaves_no_manifest_or_temporary
     assert store.list("job-1") == [before]
     assert_same_state({"w": np.zeros(1 << 18, np.float32)}, store.load(before).state)
     store.close()
+
+
+def recycled(store: LocalStore) -> list[Path]:
+    """The chunk files gc kept for later saves to write over."""
+    return sorted((store.root / "chunks").glob(".recycled-*"))
+
+
+def chunk_inodes(store: LocalStore, chunks: dict[str, int]) -> set[int]:
+    """The inodes of these chunks' files."""
+    return {store._chunk_path(chunk).stat().st_ino for chunk in chunks}
+
+
+@pytest.mark.parametrize("kind", ["periodic", "emergency"], ids=["whole chunks", "streamed"])
+def test_gc_recycles_the_chunk_files_it_frees_and_the_next_save_writes_over_them(
+    tmp_path: Path, kind: str
+) -> None:
+    store = direct_store(tmp_path)
+    first = store.save("job-1", 1, unaligned_state(4)).manifest.chunks()
+    store.save("job-1", 2, unaligned_state(5))
+    whole = {chunk: size for chunk, size in first.items() if size == store.chunk_size}
+    freed = chunk_inodes(store, whole)
+    assert len(freed) == 4  # and a tail of 4004 bytes, which is deleted
+
+    stats = store.gc("job-1", keep=1, grace_s=0)
+    assert stats.chunks_removed == 5
+    assert stats.bytes_recycled == 4 * store.chunk_size
+    assert {path.stat().st_ino for path in recycled(store)} == freed
+    assert not any(store._chunk_path(chunk).exists() for chunk in first)
+
+    state = unaligned_state(3)
+    result = store.save("job-1", 3, state, kind=kind)
+    written = {c: s for c, s in result.manifest.chunks().items() if s == store.chunk_size}
+    assert len(written) == 3 and chunk_inodes(store, written) < freed
+    assert len(recycled(store)) == 1
+    assert temporaries(store.root) == []
+    assert_same_state(state, store.load(result.ref).state)  # hash-checked
+    store.verify(result.ref)
+    store.close()
+
+
+def test_recycled_files_stay_within_the_newest_checkpoint_and_go_with_the_jobs_last(
+    tmp_path: Path,
+) -> None:
+    store = direct_store(tmp_path)
+    for step, mib in ((1, 4), (2, 3), (3, 2)):
+        store.save("job-1", step, unaligned_state(mib))
+    stats = store.gc("job-1", keep=1, grace_s=0)
+    # Steps 1 and 2 freed 7 whole chunks; the next save writes about as much as the newest
+    # checkpoint holds (2 MiB and a tail), so 2 files are kept.
+    assert stats.bytes_removed == 7 * store.chunk_size + 2 * 4004
+    assert stats.bytes_recycled == 2 * store.chunk_size
+    assert len(recycled(store)) == 2
+    # Removing every checkpoint of the job frees the disk: nothing left to recycle for.
+    stats = store.retain("job-1", set(), grace_s=0)
+    assert stats.bytes_recycled == 0
+    assert recycled(store) == []
+    assert [p for p in (store.root / "chunks").rglob("*") if p.is_file()] == []
+    store.close()
+
+
+def test_a_failed_write_over_a_recycled_file_fails_the_save_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = direct_store(tmp_path)
+    store.save("job-1", 1, unaligned_state(2))
+    kept = store.save("job-1", 2, unaligned_state(3)).ref
+    assert store.gc("job-1", keep=1, grace_s=0).bytes_recycled == 2 * store.chunk_size
+    real = local_module._pwrite_all
+
+    def failing(fd: int, data: memoryview, offset: int) -> None:
+        if offset == 512 * 1024:
+            raise OSError(errno.EIO, "injected write error")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(local_module, "_pwrite_all", failing)
+    monkeypatch.setattr(local_module, "_STREAM_PIECE", 256 * 1024)
+    with pytest.raises(OSError, match="injected write error"):
+        store.save("job-1", 3, unaligned_state(4), kind="emergency")
+    assert store.latest("job-1") == kept
+    assert temporaries(store.root) == []
+    assert_same_state(unaligned_state(3), store.load(kept).state)
+    store.close()

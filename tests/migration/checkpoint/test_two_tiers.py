@@ -100,8 +100,10 @@ def steps(store: Store) -> list[int]:
     return [ref.step for ref in store.list(JOB)]
 
 
-def chunk_bytes(store: LocalStore) -> int:
-    return sum(path.stat().st_size for path in (store.root / "chunks").rglob("*") if path.is_file())
+def chunk_bytes(store: LocalStore, *, recycled: bool = False) -> int:
+    """The bytes of the store's chunk files, or of the files gc kept for saves to write over."""
+    files = (store.root / "chunks").rglob(".recycled-*" if recycled else "[!.]*")
+    return sum(path.stat().st_size for path in files if path.is_file())
 
 
 def wait_for(condition: Any, timeout: float = 30.0) -> None:
@@ -202,6 +204,9 @@ def test_uploads_that_lag_skip_to_the_newest_commit_and_the_local_tier_stays_sma
         # The upload in flight (step 1) and the newest commit; nothing else stays.
         assert steps(local) == sorted({1, step})
         assert chunk_bytes(local) <= 2 * 8 * MIB
+        # What the next save writes over: at most one checkpoint (so at most what a save
+        # needs in new files anyway while the previous two are kept).
+        assert chunk_bytes(local, recycled=True) <= 8 * MIB
     assert ckpt.uploader is not None and ckpt.uploader.uploads_skipped == 4
     region.gate.set()
     ckpt.close()  # waits for the upload of the newest commit
