@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import secrets
 import threading
@@ -186,6 +187,9 @@ def atomic_write(path: Path, data: memoryview | bytes, *, fsync: bool = True) ->
 # (and, on a disk that frees discarded blocks, their provisioning again): half the time of a
 # write to a new file on some virtual disks (decision 055, thirteenth pass).
 _RECYCLED = ".recycled-"
+# How often a store that found no recycled file looks again (gc may run in another process:
+# the portal's retention collects the stores of regions).
+_RECYCLED_RELIST_S = 1.0
 # What gc renames a chunk to while it decides, and how long a read waits for it to come back.
 _GC_ASIDE = f"{_TMP_MARK}gc-"
 _GC_ASIDE_WAIT_S = 1.0
@@ -279,9 +283,10 @@ class LocalStore(Store):
         self._dirs_lock = threading.Lock()
         self._new_dirs = False
         self._io_pool: ThreadPoolExecutor | None = None
-        # Recycled chunk files (`_RECYCLED`), listed at first need and after each gc; files
-        # another process recycles meanwhile are found at the next listing.
-        self._recycled: list[Path] | None = None
+        # Recycled chunk files (`_RECYCLED`), listed at first need, after each gc, and when
+        # none is left (at most every `_RECYCLED_RELIST_S`).
+        self._recycled: list[Path] = []
+        self._recycled_listed = -math.inf
         self._recycled_lock = threading.Lock()
 
     def _io_executor(self) -> ThreadPoolExecutor:
@@ -375,7 +380,8 @@ class LocalStore(Store):
 
     def _recycled_files(self) -> list[Path]:
         """The recycled chunk files of this store's chunk size (call with the lock held)."""
-        if self._recycled is None:
+        if not self._recycled and time.monotonic() - self._recycled_listed >= _RECYCLED_RELIST_S:
+            self._recycled_listed = time.monotonic()
             self._recycled = [
                 Path(entry.path)
                 for entry in os.scandir(self.root / "chunks")
@@ -698,7 +704,7 @@ class LocalStore(Store):
         # names a chunk that gc removed. A removed chunk's file is recycled while the recycled
         # files stay within `recycle_bytes`; the rest, and recycled files beyond it, are deleted.
         with self._recycled_lock:
-            self._recycled = None
+            self._recycled, self._recycled_listed = [], -math.inf
             kept = self._recycled_files()
             for entry in os.scandir(self.root / "chunks"):  # left by a store of another chunk size
                 if entry.name.startswith(_RECYCLED) and Path(entry.path) not in kept:
