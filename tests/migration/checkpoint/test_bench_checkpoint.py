@@ -155,3 +155,28 @@ def test_the_lora_section_measures_what_an_incremental_save_writes(tmp_path: Pat
     # The adapters that train change at every step; the frozen base is never written again.
     assert 0 < changed < 64 * 0.1
     assert found.group(6) == "met" and written <= changed * 1.1
+
+
+def test_the_limits_section_prints_each_limit_as_a_rate_with_its_spread(tmp_path: Path) -> None:
+    out = run_bench(
+        "checkpoint.py", "--sections", "limits", "--sizes", "8", "--repeat", "5",
+        "--dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert out.returncode == 0, out.stderr
+    for limit in (
+        "memory copy (numpy.copyto)",
+        "BLAKE3, one thread",
+        "disk write, O_DIRECT from huge pages + fsync",
+        "disk write over an existing file's blocks, the same way",
+        "disk read, O_DIRECT",
+    ):
+        found = re.search(
+            rf"{re.escape(limit)}\s+8 MiB\s+(\d+\.\d\d) \((\d+\.\d\d)-(\d+\.\d\d)\) GiB/s",
+            out.stdout,
+        )
+        assert found, (limit, out.stdout)
+        median, least, most = (float(found.group(i)) for i in (1, 2, 3))
+        assert 0 < least <= median <= most
+    assert "Baton" not in out.stdout.split("\n", 1)[1]  # only the part asked for ran
+    assert list(tmp_path.iterdir()) == []  # its files are removed
