@@ -57,16 +57,21 @@ def test_an_unknown_section_is_named() -> None:
     assert "unknown section(s) ['speed']" in out.stderr
 
 
+def run_section(section: str, mib: int, work: Path) -> str:
+    """The output of one section of the benchmark at one size, 5 repetitions (it succeeded)."""
+    out = run_bench(
+        "checkpoint.py", "--sections", section, "--sizes", str(mib), "--repeat", "5",
+        "--dir", str(work),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.fixture(scope="module")
 def sizes_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """One run of the sizes section at 20 MiB: its output and scratch folder."""
     work = tmp_path_factory.mktemp("bench")
-    out = run_bench(
-        "checkpoint.py", "--sections", "sizes", "--sizes", "20", "--repeat", "5",
-        "--dir", str(work),
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return out.stdout, work
+    return run_section("sizes", 20, work), work
 
 
 # A median with its min-max, as the benchmark prints them; RATIO with the "x" of a ratio.
@@ -139,18 +144,13 @@ def test_the_emergency_save_is_judged_against_the_raw_write_in_its_own_place(
 
 
 def test_the_lora_section_measures_what_an_incremental_save_writes(tmp_path: Path) -> None:
-    out = run_bench(
-        "checkpoint.py", "--sections", "lora", "--sizes", "64", "--repeat", "5",
-        "--dir", str(tmp_path),
-    )  # fmt: skip
-
-    assert out.returncode == 0, out.stderr
+    stdout = run_section("lora", 64, tmp_path)
     found = re.search(
         rf"lora_sim incremental save: bytes written / changed\s+(\d+\.\d) of (\d+\.\d) MiB"
         rf"\s+\d\.\d+\s+{SPREAD.format(x='')}\s+<= 1\.10\s+(met|MISSED)",
-        out.stdout,
+        stdout,
     )
-    assert found, out.stdout
+    assert found, stdout
     written, changed = float(found.group(1)), float(found.group(2))
     # The adapters that train change at every step; the frozen base is never written again.
     assert 0 < changed < 64 * 0.1
@@ -158,12 +158,7 @@ def test_the_lora_section_measures_what_an_incremental_save_writes(tmp_path: Pat
 
 
 def test_the_limits_section_prints_each_limit_as_a_rate_with_its_spread(tmp_path: Path) -> None:
-    out = run_bench(
-        "checkpoint.py", "--sections", "limits", "--sizes", "8", "--repeat", "5",
-        "--dir", str(tmp_path),
-    )  # fmt: skip
-
-    assert out.returncode == 0, out.stderr
+    stdout = run_section("limits", 8, tmp_path)
     for limit in (
         "memory copy (numpy.copyto)",
         "BLAKE3, one thread",
@@ -173,10 +168,10 @@ def test_the_limits_section_prints_each_limit_as_a_rate_with_its_spread(tmp_path
     ):
         found = re.search(
             rf"{re.escape(limit)}\s+8 MiB\s+(\d+\.\d\d) \((\d+\.\d\d)-(\d+\.\d\d)\) GiB/s",
-            out.stdout,
+            stdout,
         )
-        assert found, (limit, out.stdout)
+        assert found, (limit, stdout)
         median, least, most = (float(found.group(i)) for i in (1, 2, 3))
         assert 0 < least <= median <= most
-    assert "Baton" not in out.stdout.split("\n", 1)[1]  # only the part asked for ran
+    assert "Baton" not in stdout.split("\n", 1)[1]  # only the part asked for ran
     assert list(tmp_path.iterdir()) == []  # its files are removed
