@@ -703,6 +703,7 @@ class LocalStore(Store):
         # modification time, in which case the chunk goes back. Either way a manifest never
         # names a chunk that gc removed. A removed chunk's file is recycled while the recycled
         # files stay within `recycle_bytes`; the rest, and recycled files beyond it, are deleted.
+        # The lock is held only around the list: a save meanwhile does not wait for the sweep.
         with self._recycled_lock:
             self._recycled, self._recycled_listed = [], -math.inf
             kept = self._recycled_files()
@@ -714,29 +715,28 @@ class LocalStore(Store):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(kept.pop())
             room = recycle_bytes - len(kept) * self.chunk_size
-            recycled_now = 0
-            removed = []
-            for chunk, modified in listed.items():
-                path = self._chunk_path(chunk)
-                doomed = _gc_aside(path)
-                try:
-                    os.rename(path, doomed)
-                except FileNotFoundError:
-                    continue
-                st = os.stat(doomed)
-                if st.st_mtime != modified:
-                    os.rename(doomed, path)  # the same content as any copy written meanwhile
-                    continue
-                if st.st_size == self.chunk_size <= room:
-                    recycled = self.root / "chunks" / f"{_RECYCLED}{secrets.token_hex(8)}"
-                    os.rename(doomed, recycled)
-                    kept.append(recycled)
-                    room -= self.chunk_size
-                    recycled_now += self.chunk_size
-                else:
-                    os.unlink(doomed)
-                removed.append(chunk)
-            return removed, recycled_now
+        removed, recycled = [], []
+        for chunk, modified in listed.items():
+            path = self._chunk_path(chunk)
+            doomed = _gc_aside(path)
+            try:
+                os.rename(path, doomed)
+            except FileNotFoundError:
+                continue
+            st = os.stat(doomed)
+            if st.st_mtime != modified:
+                os.rename(doomed, path)  # the same content as any copy written meanwhile
+                continue
+            if st.st_size == self.chunk_size <= room:
+                recycled.append(self.root / "chunks" / f"{_RECYCLED}{secrets.token_hex(8)}")
+                os.rename(doomed, recycled[-1])
+                room -= self.chunk_size
+            else:
+                os.unlink(doomed)
+            removed.append(chunk)
+        with self._recycled_lock:
+            self._recycled.extend(recycled)
+        return removed, len(recycled) * self.chunk_size
 
     def _remove_stale_temporaries(self, older_than_s: float) -> None:
         now = time.time()
