@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import os
@@ -686,10 +687,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     # Either the job is in its first checkpoint interval (one save before), or it has run for
     # a while: it saved twice and retention collected the older checkpoint, whose chunk files
     # the store recycled for later saves to write over.
-    def emergency(collected: bool) -> Callable[[], float]:
-        return lambda: emergency_save(collected)
-
-    def emergency_save(collected: bool) -> float:
+    def emergency(collected: bool) -> float:
         store = LocalStore(fresh(store_dir))
         ckpt = Checkpointer(store, job="bench", every_seconds=None, every_steps=None)
         ckpt.save(0, state)
@@ -734,8 +732,8 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         {
             **raw_writes(flat, work),
             "raw after steps": raw_way(flat, way, work / "raw.bin", train_after_previous_write),
-            "emergency": emergency(collected=True),
-            "emergency, first interval": emergency(collected=False),
+            "emergency": functools.partial(emergency, collected=True),
+            "emergency, first interval": functools.partial(emergency, collected=False),
         },
         repeat,
     )

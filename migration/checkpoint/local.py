@@ -378,16 +378,26 @@ class LocalStore(Store):
         # the last save; an empty store can hold none of the chunks.
         return self.direct and self.fsync and (kind == EMERGENCY or not self._list_dirs("chunks/"))
 
+    def _list_recycled(self, *, prune_others: bool = False) -> list[Path]:
+        """Read the recycled chunk files of this store's chunk size from the folder (call with
+        the lock held); `prune_others` deletes those of another size, left by a store opened
+        with another chunk size."""
+        self._recycled_listed = time.monotonic()
+        self._recycled = []
+        for entry in os.scandir(self.root / "chunks"):
+            if not entry.name.startswith(_RECYCLED):
+                continue
+            if entry.stat(follow_symlinks=False).st_size == self.chunk_size:
+                self._recycled.append(Path(entry.path))
+            elif prune_others:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        return self._recycled
+
     def _recycled_files(self) -> list[Path]:
         """The recycled chunk files of this store's chunk size (call with the lock held)."""
         if not self._recycled and time.monotonic() - self._recycled_listed >= _RECYCLED_RELIST_S:
-            self._recycled_listed = time.monotonic()
-            self._recycled = [
-                Path(entry.path)
-                for entry in os.scandir(self.root / "chunks")
-                if entry.name.startswith(_RECYCLED)
-                and entry.stat(follow_symlinks=False).st_size == self.chunk_size
-            ]
+            return self._list_recycled()
         return self._recycled
 
     def _claim_recycled(self, tmp: Path) -> bool:
@@ -705,12 +715,7 @@ class LocalStore(Store):
         # files stay within `recycle_bytes`; the rest, and recycled files beyond it, are deleted.
         # The lock is held only around the list: a save meanwhile does not wait for the sweep.
         with self._recycled_lock:
-            self._recycled, self._recycled_listed = [], -math.inf
-            kept = self._recycled_files()
-            for entry in os.scandir(self.root / "chunks"):  # left by a store of another chunk size
-                if entry.name.startswith(_RECYCLED) and Path(entry.path) not in kept:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+            kept = self._list_recycled(prune_others=True)
             while len(kept) * self.chunk_size > recycle_bytes:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(kept.pop())
