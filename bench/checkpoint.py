@@ -684,8 +684,9 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     # worker threads exist, as in a job that ran for a while), a second before the notice
     # (not right before it: the disk would still be busy with that save), and every training
     # step changes every chunk since, so the emergency save writes the whole state again.
-    # Either the job is in its first checkpoint interval (one save before), or it has run for
-    # a while: it saved twice and retention collected the older checkpoint, whose chunk files
+    # Either the job is in its first checkpoint interval (one save before, after which the
+    # SDK reserved room in the store for the next save to write over), or it has run for a
+    # while: it saved twice and retention collected the older checkpoint, whose chunk files
     # the store recycled for later saves to write over.
     def emergency(collected: bool) -> float:
         store = LocalStore(fresh(store_dir))
@@ -694,7 +695,8 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         if collected:
             touch_every_chunk(state)
             ckpt.save(1, state)
-            assert store.gc("bench", keep=1, grace_s=0).bytes_recycled > 0
+            assert store.gc("bench", keep=1, grace_s=0).chunks_removed > 0
+            assert next((store.root / "chunks").glob(".recycled-*"), None) is not None
         sent: list[float] = []
 
         def notice() -> None:

@@ -221,6 +221,9 @@ class Checkpointer:
         self._job: _PersistJob | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
+        # Room for the emergency save, prepared once after the first save (`_start_reserving`).
+        self._reserver: threading.Thread | None = None
+        self._stop_reserving = threading.Event()
         self._previous_handlers: dict[int, Any] = {}
         if install_signal_handlers:
             self.install_signal_handlers()
@@ -470,6 +473,7 @@ class Checkpointer:
         started = time.monotonic()
         logger.info("emergency save started step=%d", step)
         self._cancel_persist = True
+        self._stop_reserving.set()
         self._wait_idle()
         self._cancel_persist = False
         if self.uploader is not None:
@@ -639,6 +643,8 @@ class Checkpointer:
                 self._frozen.remember(source.frozen, result.manifest.tensors[source.name]["chunks"])
         self.last_committed = result
         self._parent = result.ref
+        if self._reserver is None and job.kind != EMERGENCY:
+            self._start_reserving(job.snapshot)
         logger.info(
             "committed %s step=%d kind=%s bytes_new=%d bytes_total=%d%s",
             result.ref.key,
@@ -651,6 +657,27 @@ class Checkpointer:
         if uploader is None:
             self.reporter.post("checkpoint", checkpoint_event(result.manifest))
         return result
+
+    def _start_reserving(self, snapshot: Snapshot) -> None:
+        """Prepare room in the store for an emergency save of this state, in the background at
+        low priority: files its chunks can be written over (`Store.reserve`), so that an
+        emergency save early in the job does not allocate new blocks inside the notice's window.
+        Once per Checkpointer (later, gc recycles the chunks of collected checkpoints); the
+        tensors already frozen in the store are not counted, as the emergency save skips them."""
+        nbytes = sum(source.nbytes for source in snapshot.tensors if source.frozen is None)
+
+        def run() -> None:
+            lower_thread_priority()
+            try:
+                reserved = self.store.reserve(nbytes, stop=self._stop_reserving.is_set)
+            except Exception:  # the room is an optimisation; training goes on without it
+                logger.exception("could not reserve room in %s", self.store.url)
+                return
+            if reserved:
+                logger.info("reserved %d bytes in %s for the next save", reserved, self.store.url)
+
+        self._reserver = threading.Thread(target=run, name="baton-reserve", daemon=True)
+        self._reserver.start()
 
     def wait(self) -> None:
         """Wait for the persist in flight, if any (with two tiers: the local write;
@@ -687,6 +714,9 @@ class Checkpointer:
         if self._closed:
             return
         self._wait_idle()
+        self._stop_reserving.set()
+        if self._reserver is not None:
+            self._reserver.join()
         with self._idle:
             self._closed = True
             self._idle.notify_all()

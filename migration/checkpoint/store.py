@@ -265,6 +265,12 @@ class Store(ABC):
         self._delete([self.chunk_key(chunk) for chunk in listed])
         return builtins.list(listed), 0
 
+    def reserve(self, nbytes: int, *, stop: Cancel = lambda: False) -> int:
+        """Prepare room for a later save of up to `nbytes` to write over instead of allocating
+        new blocks; return the bytes prepared now (backends without such room return 0).
+        `stop` is polled between files: when it returns True the reservation ends early."""
+        return 0
+
     def _remove_stale_temporaries(self, older_than_s: float) -> None:  # noqa: B027
         """Remove temporaries left by crashed writers (backends that have them override this)."""
 

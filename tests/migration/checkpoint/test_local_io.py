@@ -458,3 +458,91 @@ def test_a_store_finds_the_files_another_process_recycled(
     assert chunk_inodes(saver, whole) & freed == freed
     assert recycled(saver) == []
     saver.close()
+
+
+def test_reserved_files_are_zeros_counted_with_recycled_ones_and_a_save_writes_over_them(
+    tmp_path: Path,
+) -> None:
+    store = direct_store(tmp_path)
+    assert store.reserve(3 * store.chunk_size + 5) == 3 * store.chunk_size  # whole chunks
+    files = recycled(store)
+    assert len(files) == 3 and temporaries(store.root) == []
+    assert all(path.read_bytes() == bytes(store.chunk_size) for path in files)
+    assert store.reserve(3 * store.chunk_size) == 0  # already there
+    assert store.reserve(4 * store.chunk_size) == store.chunk_size
+    reserved = {path.stat().st_ino for path in recycled(store)}
+
+    state = unaligned_state(4)
+    result = store.save("job-1", 1, state, kind="emergency")
+    written = {c: s for c, s in result.manifest.chunks().items() if s == store.chunk_size}
+    assert chunk_inodes(store, written) == reserved
+    assert recycled(store) == []
+    assert_same_state(state, store.load(result.ref).state)  # hash-checked
+    store.close()
+
+
+def test_a_reservation_stops_when_asked_and_a_full_disk_leaves_no_half_written_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = direct_store(tmp_path)
+    polls: list[int] = []
+
+    def stop_after_two() -> bool:
+        polls.append(1)
+        return len(polls) > 2
+
+    assert store.reserve(5 * store.chunk_size, stop=stop_after_two) == 2 * store.chunk_size
+    assert len(recycled(store)) == 2
+
+    real = local_module._pwrite_all
+    writes: list[int] = []
+
+    def full_disk(fd: int, data: memoryview, offset: int) -> None:
+        writes.append(fd)
+        if len(writes) == 2:  # the second file
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(local_module, "_pwrite_all", full_disk)
+    assert store.reserve(5 * store.chunk_size) == store.chunk_size
+    assert "No space left on device" in caplog.text
+    assert len(recycled(store)) == 3
+    assert all(path.stat().st_size == store.chunk_size for path in recycled(store))
+    assert temporaries(store.root) == []
+    store.close()
+
+
+def test_a_store_writing_through_the_page_cache_reserves_nothing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store", chunk_size=1024 * 1024, direct=False)
+    assert store.reserve(4 * store.chunk_size) == 0
+    assert recycled(store) == []
+    store.close()
+
+
+def test_a_checkpointer_reserves_room_for_its_emergency_save_after_its_first_save(
+    tmp_path: Path,
+) -> None:
+    from migration.checkpoint.sdk import Checkpointer
+
+    store = direct_store(tmp_path)
+    ckpt = Checkpointer(store, job="job-1", every_seconds=None, install_signal_handlers=False)
+    frozen = np.ones(2 * 1024 * 1024, np.uint8)
+    frozen.flags.writeable = False  # a frozen base: the emergency save will not write it again
+    state = {**unaligned_state(3), "base": frozen}
+    ckpt.save(1, state)
+    assert ckpt._reserver is not None
+    ckpt._reserver.join(timeout=30)
+    reserved = {path.stat().st_ino for path in recycled(store)}
+    assert len(reserved) == 3  # the trained tensor's whole chunks, not the frozen base's
+
+    state["w"] += 1
+    result = ckpt.emergency_save(2, state)
+    written = {
+        chunk: size
+        for chunk, size in result.manifest.tensors["state/w"]["chunks"]
+        if size == store.chunk_size
+    }
+    assert chunk_inodes(store, written) == reserved
+    assert_same_state(state, store.load(result.ref).state)
+    ckpt.close()
+    store.close()
