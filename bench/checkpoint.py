@@ -693,6 +693,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         ckpt = Checkpointer(store, job="bench", every_seconds=None, every_steps=None)
         ckpt.save(0, state)
         if collected:
+            ckpt.wait()  # and its reservation, long done in a job that ran for a while
             touch_every_chunk(state)
             ckpt.save(1, state)
             assert store.gc("bench", keep=1, grace_s=0).chunks_removed > 0

@@ -454,7 +454,9 @@ class LocalStore(Store):
             except OSError as exc:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-                logger.warning("%s: reserved %d bytes, then: %s", self.root, written, exc)
+                logger.warning(
+                    "%s: stopped reserving room after %d bytes: %s", self.root, written, exc
+                )
                 break
             with self._recycled_lock:
                 self._recycled.append(name)

@@ -681,8 +681,11 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Wait for the persist in flight, if any (with two tiers: the local write;
-        `uploader.drain()` waits for the upload)."""
+        `uploader.drain()` waits for the upload), and for the room reserved after the first
+        save."""
         self._wait_idle()
+        if self._reserver is not None:
+            self._reserver.join()
 
     # ---- reports ----------------------------------------------------------------------------
 

@@ -530,8 +530,7 @@ def test_a_checkpointer_reserves_room_for_its_emergency_save_after_its_first_sav
     frozen.flags.writeable = False  # a frozen base: the emergency save will not write it again
     state = {**unaligned_state(3), "base": frozen}
     ckpt.save(1, state)
-    assert ckpt._reserver is not None
-    ckpt._reserver.join(timeout=30)
+    ckpt.wait()  # the reservation too
     reserved = {path.stat().st_ino for path in recycled(store)}
     assert len(reserved) == 3  # the trained tensor's whole chunks, not the frozen base's
 
