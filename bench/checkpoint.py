@@ -115,8 +115,11 @@ class Spread:
 
     def ratio(self) -> str:
         """`median (min-max)` of ratios."""
-        low, high = min(self.values), max(self.values)
-        return f"{self.median:.2f}x ({low:.2f}-{high:.2f})"
+        return self.summary("x")
+
+    def summary(self, unit: str) -> str:
+        """`median<unit> (min-max)`."""
+        return f"{self.median:.2f}{unit} ({min(self.values):.2f}-{max(self.values):.2f})"
 
     def rate(self, nbytes: int) -> str:
         """`median (min-max) GiB/s` of `nbytes` moved in each of the measured seconds."""
@@ -519,13 +522,15 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         tensors = {k: torch.from_numpy(v) for k, v in state.items()}
 
     store_dir = work / "store"
+    cores_busy: list[float] = []  # the process's CPU seconds per second of each save
 
     def baton() -> float:
         store = LocalStore(fresh(store_dir))
         store.start()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         store.save("bench", 1, state)
         seconds = time.perf_counter() - started
+        cores_busy.append((time.process_time() - cpu) / seconds)
         store.close()
         return seconds
 
@@ -622,6 +627,23 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         None,
         "",
         f"{ratios(saves['baton'], saves['chunk files']).ratio()} chunk files",
+    )
+    # A save copies and hashes every byte beside its writes; on a virtual disk that work can
+    # slow the writes themselves (decision 055, fifteenth pass): these rows show how busy the
+    # cores were and how the save compares with the bare layout under the same kind of load.
+    row(
+        "  the same / the raw write as chunk files while the cores copy and hash",
+        label,
+        None,
+        "",
+        f"{ratios(saves['baton'], saves['chunk files, cores busy']).ratio()} chunk files",
+    )
+    row(
+        "  the same, the process's CPU time / the save's time",
+        label,
+        None,
+        "",
+        f"{Spread(cores_busy).summary(' cores')} of {os.cpu_count() or 1}",
     )
     for name, title in (
         ("torch.save", "torch.save + fsync"),
@@ -910,7 +932,7 @@ def bench_lora(base_mib: int, work: Path, repeat: int) -> None:
         f"{statistics.median(written) / MIB:.1f} of {statistics.median(changed) / MIB:.1f} MiB",
         Spread(times),
         "",
-        ratio.ratio().replace("x", ""),
+        ratio.summary(""),
         "<= 1.10",
         verdict(ratio.median, 1.10),
     )
@@ -945,7 +967,7 @@ def bench_directory(repeat: int) -> None:
             "stored / changed",
             None,
             "",
-            spread.ratio().replace("x", ""),
+            spread.summary(""),
             f"<= {target:.2f}" if target else "",
             verdict(spread.median, target) if target else "",
         )

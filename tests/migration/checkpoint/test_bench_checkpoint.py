@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -101,9 +102,21 @@ def test_the_sizes_section_shows_what_the_store_layout_alone_costs_on_this_disk(
         rf"\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+{RATIO} raw",
         "save over layout": rf"the same / the raw write as chunk files\s+20 MiB\s+{RATIO} "
         r"chunk files",
+        "save over busy layout": r"the same / the raw write as chunk files while the cores copy "
+        rf"and hash\s+20 MiB\s+{RATIO} chunk files",
     }
     for name, pattern in rows.items():
         spread_of(pattern, stdout, name)
+    # How busy the cores were during the save: the process's CPU seconds per second of it.
+    pattern = (
+        rf"the same, the process's CPU time / the save's time\s+20 MiB\s+"
+        rf"{SPREAD.format(x=' cores')} of (\d+)"
+    )
+    _, least, most = spread_of(pattern, stdout, "cores busy")
+    cores = int(re.findall(pattern, stdout)[0][3])
+    assert cores == (os.cpu_count() or 1)
+    # A save hashes every byte on the CPU, and cannot use more cores than the machine has.
+    assert least > 0 and most <= cores + 0.05
     # The rows come between the raw write they are measured against and the save.
     order = [stdout.index(s) for s in ("raw write + fsync", "chunk files at once", "Baton full")]
     assert order == sorted(order)
