@@ -87,6 +87,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.loop import TrainingLoop
 from bench.table import median_interval, print_columns, sections
 from migration.checkpoint import LocalStore
+from migration.checkpoint.local import _STREAM_PIECE as STREAM_PIECE
 from migration.checkpoint.hashing import digest, new_hasher
 from migration.checkpoint.sdk import Checkpointer, capture_rng_states
 from migration.checkpoint.snapshot import Snapshot, aligned_empty
@@ -191,9 +192,11 @@ def flatten(state: dict[str, np.ndarray], *, huge: bool = False) -> np.ndarray:
     return flat
 
 
-def write_file(flat: np.ndarray, path: Path, direct: bool, *, over: bool = False) -> float:
+def write_file(
+    flat: np.ndarray, path: Path, direct: bool, *, over: bool = False, piece: int = 64 * MIB
+) -> float:
     """Seconds to write `flat` sequentially as one new file, or `over` the blocks of the file
-    at `path` (as long as `flat`), and fsync it."""
+    at `path` (as long as `flat`), one write of `piece` bytes at a time, and fsync it."""
     if not over:
         fresh(path)
     flags = os.O_WRONLY | (0 if over else os.O_CREAT | os.O_TRUNC) | (os.O_DIRECT if direct else 0)
@@ -203,7 +206,7 @@ def write_file(flat: np.ndarray, path: Path, direct: bool, *, over: bool = False
     body = len(view) - len(view) % 4096 if direct else len(view)
     rest = view[:body]
     while rest:
-        rest = rest[os.write(fd, rest[: 64 * MIB]) :]
+        rest = rest[os.write(fd, rest[:piece]) :]
     if body < len(view):
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
         os.write(fd, view[body:])
@@ -490,6 +493,11 @@ def bench_limits(mib: int, work: Path, repeat: int) -> None:
         "disk write, O_DIRECT + fsync": lambda: write_file(src, work / "w.bin", direct=True),
         "disk write, O_DIRECT from huge pages + fsync": lambda: write_file(
             huge_src, work / "w.bin", direct=True
+        ),
+        # What the disk charges for the requests of a streamed save's size: against the row
+        # above, what a save's pieces cost a new file here (decision 055, sixteenth pass).
+        f"disk write in {STREAM_PIECE // MIB} MiB requests, one at a time, the same way": (
+            lambda: write_file(huge_src, work / "w.bin", direct=True, piece=STREAM_PIECE)
         ),
         # What a save pays writing over recycled chunk files instead of new ones.
         "disk write over an existing file's blocks, the same way": lambda: write_file(

@@ -178,6 +178,7 @@ def test_the_limits_section_prints_each_limit_as_a_rate_with_its_spread(tmp_path
         "memory copy (numpy.copyto)",
         "BLAKE3, one thread",
         "disk write, O_DIRECT from huge pages + fsync",
+        "disk write in 1 MiB requests, one at a time, the same way",
         "disk write over an existing file's blocks, the same way",
         "disk read, O_DIRECT",
     ):
