@@ -87,8 +87,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.loop import TrainingLoop
 from bench.table import median_interval, print_columns, sections
 from migration.checkpoint import LocalStore
-from migration.checkpoint.local import _STREAM_PIECE as STREAM_PIECE
 from migration.checkpoint.hashing import digest, new_hasher
+from migration.checkpoint.local import _STREAM_PIECE as STREAM_PIECE
 from migration.checkpoint.sdk import Checkpointer, capture_rng_states
 from migration.checkpoint.snapshot import Snapshot, aligned_empty
 from migration.checkpoint.store import DEFAULT_CHUNK_SIZE
