@@ -7,9 +7,9 @@
 
 Prints two tables. The first gives this machine's own limits: a memory copy, BLAKE3 on one
 thread and on every core, and the disk's raw sequential write (through the page cache, with
-O_DIRECT, and with O_DIRECT from huge pages, each fsynced, and the last also over the blocks
-of an existing file, as a save writes over recycled chunk files) and read (from disk, page
-cache evicted). The second compares Baton
+O_DIRECT, and with O_DIRECT from huge pages, each fsynced, and the last also in the 1 MiB
+requests a streamed save makes and over the blocks of an existing file, as a save writes over
+recycled chunk files) and read (from disk, page cache evicted). The second compares Baton
 with the alternatives. Every ratio is measured in this run against a baseline run in the same
 process, interleaved with it repetition by repetition (the contenders take turns, the order
 rotating), and printed as the median of the per-repetition ratios with their minimum and
