@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal
 
 from django.conf import settings
@@ -33,6 +34,11 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+def new_checkpoint_salt() -> str:
+    """The random part of a new job's checkpoint key (`Job.checkpoint_key`)."""
+    return secrets.token_hex(4)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -107,6 +113,14 @@ class Job(models.Model):
         blank=True,
         help_text="Bytes its kept checkpoints take in each region's store, as last measured.",
     )
+    checkpoint_salt = models.CharField(
+        max_length=16,
+        blank=True,
+        default=new_checkpoint_salt,
+        editable=False,
+        help_text="Random part of the job's name in the checkpoint stores (empty on jobs "
+        "submitted before it existed).",
+    )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     waiting_since = models.DateTimeField(null=True, blank=True)
@@ -123,6 +137,14 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return self.name or f"job {self.pk}"
+
+    @property
+    def checkpoint_key(self) -> str:
+        """The job's name in the checkpoint stores (`BATON_JOB_ID`): its id and a random
+        part, so that a job never finds another's checkpoints under its name when ids start
+        again (a new database beside stores that outlived the old one) or when two portals
+        share a store. Jobs submitted before the random part existed keep their bare id."""
+        return f"{self.pk}-{self.checkpoint_salt}" if self.checkpoint_salt else str(self.pk)
 
     @property
     def savings_vs_on_demand(self) -> Decimal:

@@ -110,7 +110,7 @@ def _checkpoint(instance: Instance, job: Job, event: dict[str, Any]) -> None:
         ref = ManifestRef.parse(manifest)
     except StoreConfigError:
         ref = None
-    if ref is None or ref.job != str(job.pk) or kind not in CheckpointKind.values:
+    if ref is None or ref.job != job.checkpoint_key or kind not in CheckpointKind.values:
         logger.warning("instance %s sent a malformed checkpoint report: %s", instance.pk, event)
         return
     checkpoint, _ = Checkpoint.objects.update_or_create(

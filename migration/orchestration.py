@@ -133,7 +133,7 @@ def agent_spec(instance: Instance, token: str, master_port: int) -> AgentSpec:
     if every_seconds is None and job.checkpoint_every_steps is None:
         every_seconds = settings.BATON_DEFAULT_CHECKPOINT_SECONDS
     environ = {
-        "BATON_JOB_ID": str(job.pk),
+        "BATON_JOB_ID": job.checkpoint_key,
         "BATON_RANK": str(instance.rank),
         "BATON_WORLD_SIZE": str(job.nodes),
         "BATON_MASTER_ADDR": "127.0.0.1",

@@ -344,9 +344,9 @@ def retain(job: Job) -> dict[str, Any]:
     for region in job_regions(job):
         try:
             with open_region(region, job) as store:
-                refs = store.list(str(job.pk))
+                refs = store.list(job.checkpoint_key)
                 removed[region] = store.remove_checkpoints(
-                    str(job.pk),
+                    job.checkpoint_key,
                     [ref for ref in refs if (ref.step, ref.kind) in doomed_steps],
                     grace_s=RETENTION_GRACE_S,
                 ).bytes_removed

@@ -86,6 +86,7 @@ class JobSerializer(serializers.ModelSerializer):
         min_value=Decimal("0.0001"),
     )
     savings_vs_on_demand = serializers.DecimalField(max_digits=12, decimal_places=4, read_only=True)
+    checkpoint_key = serializers.CharField(read_only=True)
 
     class Meta:
         model = Job
@@ -117,6 +118,7 @@ class JobSerializer(serializers.ModelSerializer):
             "savings_vs_on_demand",
             "estimate",
             "result",
+            "checkpoint_key",
             "created_at",
         ]
         read_only_fields = [

@@ -27,6 +27,7 @@ def test_it_creates_a_job_and_records_the_submission(
     assert body["workload"] == {"template": "mlp_numpy", "params": {"seed": 1}}
     job = Job.objects.get(pk=body["id"])
     assert job.owner == alice
+    assert body["checkpoint_key"] == job.checkpoint_key  # what a user's own SDK run restores
     assert list(TimelineEvent.objects.filter(job=job).values_list("kind", flat=True)) == [
         "job_submitted"
     ]

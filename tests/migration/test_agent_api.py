@@ -110,7 +110,7 @@ def test_only_the_gangs_emergency_checkpoint_appears_on_the_timeline(
         return {
             "seq": seq,
             "type": "checkpoint",
-            "manifest": f"jobs/{job.pk}/manifests/{step:012d}-{kind}-r{rank}.json",
+            "manifest": f"jobs/{job.checkpoint_key}/manifests/{step:012d}-{kind}-r{rank}.json",
             "step": step,
             "kind": kind,
             "bytes_new": 10,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from rest_framework.test import APIClient
 
@@ -12,6 +13,8 @@ from jobs.models import Job
 from migration import interruptions, orchestration, services
 from migration.agent_tokens import issue_agent_token
 from migration.backends import AgentSpec, BackendStatus
+from migration.checkpoint import open_store
+from migration.checkpoint.sdk import Checkpointer
 from migration.choices import MIGRATION_TIMELINE
 from migration.models import Checkpoint, Instance, Migration, TimelineEvent
 from portal import enqueue
@@ -76,7 +79,7 @@ class Agent:
         return self.client.post("/api/agent/events/", {"events": [event]}, format="json")
 
     def checkpoint(self, job: Job, step: int, kind: str, rank: int = 0) -> None:
-        key = f"jobs/{job.pk}/manifests/{step:012d}-{kind}-r{rank}.json"
+        key = f"jobs/{job.checkpoint_key}/manifests/{step:012d}-{kind}-r{rank}.json"
         self.send(
             "checkpoint",
             manifest=key,
@@ -116,7 +119,7 @@ def test_a_placed_job_is_launched_once_with_its_environment(
 
     ((instance_id, spec),) = backend.launched
     env = spec.environ
-    assert env["BATON_JOB_ID"] == str(job.pk)
+    assert env["BATON_JOB_ID"] == job.checkpoint_key
     assert env["BATON_RANK"] == "0" and env["BATON_WORLD_SIZE"] == "1"
     assert env["BATON_RESUME"] == ""
     assert env["BATON_CHECKPOINT_EVERY_STEPS"] == "25"
@@ -126,6 +129,25 @@ def test_a_placed_job_is_launched_once_with_its_environment(
     assert spec.argv[1:4] == ["-m", "migration.agent", "--"]
     assert spec.argv[4:7] == [spec.argv[0], "-m", "jobs.workloads.mlp_numpy"]
     assert Instance.objects.get(pk=instance_id).backend_id == str(10_000 + instance_id)
+
+
+def test_a_new_job_never_resumes_from_checkpoints_left_under_its_id(
+    catalogue: Any, alice: Any, backend: Recorder
+) -> None:
+    # Ids start again with a new database, and two portals may share a store: what a job of
+    # the same id left in the region's store must not become this job's starting point.
+    job = submit(alice, catalogue)
+    services.place_job(job.pk)
+    orchestration.start_job(job.pk)
+    ((_, spec),) = backend.launched
+    env = spec.environ
+    with open_store(env["BATON_STORE_URL"]) as stale:
+        stale.save(str(job.pk), 900, {"w": np.ones(1000, np.float32)})
+
+    with Checkpointer.from_env(env, install_signal_handlers=False) as checkpointer:
+        assert checkpointer.restore() is None
+    assert env["BATON_JOB_ID"].startswith(f"{job.pk}-")  # readable in a store's listing
+    assert submit(alice, catalogue).checkpoint_key != job.checkpoint_key
 
 
 def test_an_interruption_moves_the_job_through_every_phase_in_order(
@@ -153,7 +175,7 @@ def test_an_interruption_moves_the_job_through_every_phase_in_order(
     assert job.state == "starting" and job.pool_id == migration.to_pool_id
     orchestration.start_job(job.pk)
     new = Instance.objects.get(job=job, migration=migration)
-    assert new.resume_manifest == f"jobs/{job.pk}/manifests/{57:012d}-emergency-r0.json"
+    assert new.resume_manifest == f"jobs/{job.checkpoint_key}/manifests/{57:012d}-emergency-r0.json"
     agent = Agent(agents_of(job, pk=new.pk)[0])
     agent.send("self_check", ok=True)
     agent.send("restore", manifest=new.resume_manifest, step=57, val_loss=0.5, reference=0.5)

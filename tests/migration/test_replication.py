@@ -77,7 +77,7 @@ class Trainer:
             tensor += 1.0
         with replication.open_region(self.home.code, self.job) as store:
             return store.save(
-                str(self.job.pk),
+                self.job.checkpoint_key,
                 step,
                 {"base": self.base, **self.adapter},
                 kind=kind,
@@ -256,16 +256,16 @@ def test_retention_keeps_the_newest_and_what_a_restore_uses_in_every_region(
     assert kept == {(50, "periodic"), (40, "periodic"), (25, "emergency"), (20, "periodic")}
     for region in ("us-east-1", "us-west-2"):
         with replication.open_region(region, trainer.job) as store:
-            steps = {ref.step for ref in store.list(str(trainer.job.pk))}
+            steps = {ref.step for ref in store.list(trainer.job.checkpoint_key)}
             assert steps == {20, 25, 40, 50}
             for step in (20, 25, 40, 50):  # every kept checkpoint is still whole
                 key = ManifestRef(
-                    str(trainer.job.pk), step, "emergency" if step == 25 else "periodic"
+                    trainer.job.checkpoint_key, step, "emergency" if step == 25 else "periodic"
                 )
                 store.verify(key)
     removed_adapter = saved[0].manifest_key
     with replication.open_region("us-east-1", trainer.job) as store:
-        assert all(ref.key != removed_adapter for ref in store.list(str(trainer.job.pk)))
+        assert all(ref.key != removed_adapter for ref in store.list(trainer.job.checkpoint_key))
     storage = type(trainer.job).objects.get(pk=trainer.job.pk).checkpoint_storage
     assert set(storage["regions"]) == {"us-east-1", "us-west-2"}
     # Four checkpoints share one base: about one base and four adapters per region.
@@ -275,7 +275,7 @@ def test_retention_keeps_the_newest_and_what_a_restore_uses_in_every_region(
 
 def stored_steps(trainer: Trainer) -> set[tuple[int, int]]:
     with replication.open_region(trainer.home.code, trainer.job) as store:
-        return {(ref.step, ref.rank) for ref in store.list(str(trainer.job.pk))}
+        return {(ref.step, ref.rank) for ref in store.list(trainer.job.checkpoint_key)}
 
 
 def test_retention_leaves_a_checkpoint_whose_report_is_not_in_yet(
@@ -350,7 +350,9 @@ def test_a_start_whose_region_store_is_down_is_placed_in_another_region(
     settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
     job, agents = running_job(alice, catalogue, backend)
     with replication.open_region("us-east-1", job) as store:
-        key = store.save(str(job.pk), 30, {"w": np.ones(1000, np.float32)}, kind="emergency").ref
+        key = store.save(
+            job.checkpoint_key, 30, {"w": np.ones(1000, np.float32)}, kind="emergency"
+        ).ref
     agents[0].send("notice", level="final", source="imds")
     agents[0].send("checkpoint", manifest=key.key, step=30, kind="emergency", rank=0)
     agents[0].send("exit", reason="preempted")
