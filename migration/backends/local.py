@@ -4,12 +4,16 @@ which of them may be signalled)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from migration.backends import AgentSpec, BackendStatus, instance_dir, localproc
 
 if TYPE_CHECKING:
     from migration.models import Instance
+
+
+logger = logging.getLogger(__name__)
 
 
 class LocalBackend:
@@ -20,6 +24,13 @@ class LocalBackend:
         running = localproc.read_pid(folder)
         if running is not None and localproc.is_ours(running, folder):
             return str(running)  # launched already: never a second agent for one instance
+        aside = localproc.set_aside(folder)
+        if aside is not None:
+            logger.warning(
+                "instance %s: its folder held an earlier instance's files; moved to %s",
+                instance.pk,
+                aside,
+            )
         environ = localproc.agent_environment(
             {**agent.environ, "BATON_INSTANCE_ID": str(instance.pk)}
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -59,6 +60,20 @@ def agent_environment(spec_environ: Mapping[str, str]) -> dict[str, str]:
         k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)
     }
     return {**base, **spec_environ}
+
+
+def set_aside(folder: Path) -> Path | None:
+    """Move what an earlier instance left in `folder` to a sibling named after the time, and
+    return where it went (None when the folder is absent or empty). An instance is launched
+    once, so files there belong to an instance of the same id that a previous database had
+    (ids start again with a new one): its log, its state and a directory-mode job's files, which
+    a new job would otherwise find as its own."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+    aside = folder.with_name(f"{folder.name}.replaced-{stamp}")
+    folder.rename(aside)
+    return aside
 
 
 def spawn(folder: Path, argv: list[str], environ: Mapping[str, str], delay_s: float) -> int:

@@ -114,6 +114,30 @@ def test_release_ends_the_workload_the_agent_started_in_a_session_of_its_own(
     wait_until(lambda: not alive(workload) and not alive(int(instance.backend_id)), timeout=10)
 
 
+def test_a_new_instance_never_starts_among_files_an_earlier_one_of_its_id_left(
+    instance: Instance, instance_root: Path
+) -> None:
+    # Ids start again with a new database: the folder may hold an earlier instance's log and a
+    # directory-mode job's files, which the new job must not find as its own.
+    folder = instance_dir(instance.pk)
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "checkpoint" / "model.pt").write_text("an earlier job's weights")
+    (folder / "agent.log").write_text("an earlier agent's log\n")
+    backend = get_backend("local")
+
+    instance.backend_id = backend.launch(instance, spec())
+    try:
+        wait_until(lambda: (folder / "started").exists(), timeout=20)
+        assert not (folder / "checkpoint").exists()
+        assert "earlier" not in (folder / "agent.log").read_text()
+        (aside,) = instance_root.glob(f"{instance.pk}.replaced-*")
+        assert (aside / "checkpoint" / "model.pt").read_text() == "an earlier job's weights"
+        assert backend.launch(instance, spec()) == instance.backend_id  # its own: left alone
+        assert (folder / "started").exists()
+    finally:
+        backend.release(instance)
+
+
 def test_what_a_dead_agent_left_is_gone_to_describe_and_ended_by_release(
     instance: Instance,
 ) -> None:
