@@ -3,7 +3,7 @@
 A job changes only through the services the API uses: submission checks the workload (a
 command needs `jobs.run_command`), and the lifecycle moves its state. So the admin adds no
 job, shows every field but the name read-only, cancels through `cancel_job`, and deletes
-only finished jobs (an unfinished one still holds instances).
+only finished jobs (an unfinished one still holds instances), their checkpoints with them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from jobs import services
 from jobs.lifecycle import is_finished
 from jobs.models import Job, Project
+from migration import replication
 
 
 @admin.register(Project)
@@ -55,16 +56,25 @@ class JobAdmin(admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        self.delete_queryset(request, Job.objects.filter(pk=obj.pk))
+
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        # The bulk action bypasses has_delete_permission(obj): finished jobs only there too.
-        unfinished = [job.pk for job in queryset if not is_finished(job.state)]
-        if unfinished:
+        # The bulk action bypasses has_delete_permission(obj): the service refuses unfinished
+        # jobs there too.
+        deleted, refused = replication.delete_finished_jobs(queryset.select_related("project"))
+        if deleted:
             self.message_user(
                 request,
-                f"Not deleted: job(s) {', '.join(map(str, unfinished))} are not finished.",
+                f"Removing the checkpoints of job(s) {', '.join(map(str, deleted))} from their "
+                "region stores.",
+            )
+        if refused:
+            self.message_user(
+                request,
+                f"Not deleted: job(s) {', '.join(map(str, refused))} are not finished.",
                 level=messages.WARNING,
             )
-        super().delete_queryset(request, queryset.exclude(pk__in=unfinished))
 
     @admin.action(description="Cancel (release the job's instances)", permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

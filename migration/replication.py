@@ -10,6 +10,8 @@
   chunks from another region.
 - Retention keeps the last BATON_KEEP_CHECKPOINTS committed checkpoints of a job plus its newest
   emergency one, in every region; never one that a restore or a copy is using.
+- Deleting a finished job removes its checkpoints from every region that may hold them, once
+  the deletion commits: nothing could find them afterwards.
 
 Everything here runs outside transactions (store I/O can take minutes) and is safe to run twice.
 """
@@ -19,10 +21,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -43,7 +47,8 @@ from migration.selectors import (
     likely_regions,
     open_migration,
 )
-from migration.stores import region_store
+from migration.stores import RegionStore, region_store
+from portal.enqueue import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +80,10 @@ class CopyOutcome:
 
 def open_region(region: str, job: Job) -> Store:
     """The job's project namespace in `region`'s store."""
-    store = region_store(region, job.project.slug)
+    return _open(region_store(region, job.project.slug))
+
+
+def _open(store: RegionStore) -> Store:
     return store.open(retry_seconds=STORE_RETRY_S) if store.is_s3 else store.open()
 
 
@@ -361,6 +369,50 @@ def retain(job: Job) -> dict[str, Any]:
         "removed_checkpoints": len(doomed) if reached else 0,
         "bytes_removed": removed,
     }
+
+
+def delete_finished_jobs(jobs: Iterable[Job]) -> tuple[list[int], list[int]]:
+    """Delete the finished ones of `jobs`. Once a deletion commits, the job's checkpoints are
+    removed from every region that may hold them (queue `replication`): their key has a
+    random part only the deleted row knew, so nothing could find them again. Returns the ids
+    deleted and the ids refused (an unfinished job still holds instances)."""
+    deleted: list[int] = []
+    refused: list[int] = []
+    for job in jobs:
+        if not is_finished(job.state):
+            refused.append(job.pk)
+            continue
+        ran_in = Instance.objects.filter(job=job).values_list("pool__region__code", flat=True)
+        regions = sorted(set(job_regions(job)) | set(ran_in))
+        pk, key, project = job.pk, job.checkpoint_key, job.project.slug
+        with transaction.atomic():
+            job.delete()
+            enqueue_on_commit("migration.tasks.forget_checkpoints_task", project, key, regions)
+        deleted.append(pk)
+    return deleted, refused
+
+
+def forget_checkpoints(project: str, key: str, regions: list[str]) -> dict[str, int]:
+    """Remove every checkpoint named `key` from `project`'s store in each of `regions`, with
+    the chunks nothing else there references (those younger than the grace period go with a
+    later round of retention in that store). Returns the bytes removed in each region.
+
+    A region that cannot be reached raises StoreError once the others are done; running again
+    finds nothing left where this run succeeded."""
+    removed: dict[str, int] = {}
+    unreached: list[str] = []
+    for region in regions:
+        try:
+            with _open(region_store(region, project)) as store:
+                removed[region] = store.remove_checkpoints(
+                    key, store.list(key), grace_s=RETENTION_GRACE_S
+                ).bytes_removed
+        except StoreError as exc:
+            unreached.append(f"{region} ({exc})")
+    if unreached:
+        raise StoreError(f"checkpoints of {key} not removed in {', '.join(unreached)}")
+    logger.info("removed the checkpoints of deleted job %s: %s", key, removed)
+    return removed
 
 
 def measure_storage(job: Job) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from migration import interruptions, market_tick, orchestration, replication, services, sweeps
+from migration.checkpoint import StoreError
 from portal.enqueue import enqueue_on_commit
 
 # The database's transient errors (a lock timeout, a dropped connection) are retried.
@@ -37,6 +38,15 @@ def replicate_checkpoint_task(checkpoint_id: int, region: str | None = None) -> 
     """Copy a new checkpoint to the regions the job may land in next (or to `region`), then
     apply retention (queue `replication`). Returns how many copies were made."""
     return len(replication.replicate(checkpoint_id, region))
+
+
+@shared_task(
+    acks_late=True, autoretry_for=(*TRANSIENT, StoreError), retry_backoff=True, max_retries=8
+)
+def forget_checkpoints_task(project: str, key: str, regions: list[str]) -> dict[str, int]:
+    """Remove a deleted job's checkpoints from the region stores (queue `replication`); a
+    store that cannot be reached is tried again later."""
+    return replication.forget_checkpoints(project, key, regions)
 
 
 @shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)

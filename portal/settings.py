@@ -205,6 +205,7 @@ CELERY_TASK_ROUTES = {
     "*.place_*": {"queue": "placement"},
     "*.start_job_task": {"queue": "placement"},
     "*.replicate_*": {"queue": "replication"},
+    "*.forget_*": {"queue": "replication"},
     "*.validate_*": {"queue": "validation"},
 }
 CELERY_BEAT_SCHEDULE = {

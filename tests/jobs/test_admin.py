@@ -1,15 +1,19 @@
 """The job admin cannot bypass the rules: no workload or state edits, no jobs added by hand,
-cancelling goes through the service, unfinished jobs are not deleted."""
+cancelling goes through the service, unfinished jobs are not deleted, and a deleted job's
+checkpoints go with it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from django.test import Client
 
 from jobs.models import Job
-from tests.conftest import submit
+from migration import replication
+from migration.models import Checkpoint
+from tests.conftest import submit, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -76,8 +80,6 @@ def test_an_unfinished_job_is_not_deleted_in_the_admin(
 def test_checkpoints_and_migrations_are_read_only_in_the_admin(
     staff_client: Client, catalogue: Any, alice: Any
 ) -> None:
-    from migration.models import Checkpoint
-
     job = submit(alice, catalogue)
     checkpoint = Checkpoint.objects.create(
         job=job, step=10, kind="periodic", status="committed", manifest_key="k"
@@ -96,3 +98,35 @@ def test_the_admin_is_for_staff_only(client: Client, alice: Any) -> None:
     client.force_login(alice)
 
     assert client.get("/admin/jobs/job/").status_code == 302  # to the admin's login
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_finished_job_in_the_admin_removes_its_checkpoints(
+    staff_client: Client, catalogue: Any, alice: Any, celery_worker: Any
+) -> None:
+    job = submit(alice, catalogue)
+    region = catalogue["region"]
+    with replication.open_region(region.code, job) as store:
+        saved = store.save(job.checkpoint_key, 10, {"w": np.ones(1024, dtype=np.float32)})
+    replication.record_home(
+        Checkpoint.objects.create(
+            job=job,
+            step=10,
+            kind="periodic",
+            status="committed",
+            manifest_key=saved.ref.key,
+            region=region,
+        )
+    )
+    Job.objects.filter(pk=job.pk).update(state="succeeded")
+
+    page = staff_client.post(f"/admin/jobs/job/{job.pk}/delete/", {"post": "yes"}, follow=True)
+
+    assert f"Removing the checkpoints of job(s) {job.pk}" in page.content.decode()
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+    def removed() -> bool:
+        with replication.open_region(region.code, job) as store:
+            return store.list(job.checkpoint_key) == []
+
+    wait_until(removed, timeout=60)

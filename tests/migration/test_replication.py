@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from migration import orchestration, replication, services
-from migration.checkpoint import ManifestRef
+from migration import orchestration, replication, services, tasks
+from migration.checkpoint import ManifestRef, StoreError
 from migration.checkpoint.store import SaveResult
 from migration.choices import ReplicaStatus
 from migration.models import (
@@ -370,3 +370,70 @@ def test_a_start_whose_region_store_is_down_is_placed_in_another_region(
     ready = TimelineEvent.objects.filter(job=job, kind="replica_ready").get()
     assert (ready.data["region"], ready.data["source"]) == ("eu-west-1", "us-east-1")
     assert "fetched from us-east-1" in ready.data["note"]
+
+
+def test_deleting_a_finished_job_removes_its_checkpoints_everywhere_and_no_one_elses(
+    trainer: Trainer,
+    alice: Any,
+    catalogue: dict[str, Any],
+    regions: dict[str, Region],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replication, "RETENTION_GRACE_S", 0.0)
+    # A job of the same project shares the base's chunks and the step-10 adapter's.
+    other = Trainer(submit(alice, catalogue), regions["us-east-1"])
+    saved = [trainer.save(step) for step in (10, 20)]
+    for checkpoint in saved:
+        replication.copy_to_region(checkpoint, "us-west-2")
+    kept = other.save(10)
+    with replication.open_region("us-east-1", trainer.job) as store:
+        own = set(store.load_manifest(saved[1].manifest_key).chunks())
+        shared = set(store.load_manifest(kept.manifest_key).chunks())
+    assert own - shared
+    type(trainer.job).objects.filter(pk=trainer.job.pk).update(state="succeeded")
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    monkeypatch.setattr(replication, "enqueue_on_commit", lambda task, *a: sent.append((task, a)))
+    key = trainer.job.checkpoint_key
+
+    deleted, refused = replication.delete_finished_jobs(
+        type(trainer.job).objects.filter(pk__in=[trainer.job.pk, other.job.pk]).order_by("pk")
+    )
+
+    assert (deleted, refused) == ([trainer.job.pk], [other.job.pk])
+    assert not Checkpoint.objects.filter(pk__in=[c.pk for c in saved]).exists()
+    args = (trainer.job.project.slug, key, ["us-east-1", "us-west-2"])
+    assert sent == [("migration.tasks.forget_checkpoints_task", args)]
+    removed = tasks.forget_checkpoints_task(*args)
+    assert all(removed[region] >= trainer.changed_bytes for region in ("us-east-1", "us-west-2"))
+    for region in ("us-east-1", "us-west-2"):
+        with replication.open_region(region, trainer.job) as store:
+            assert store.list(key) == []
+    assert not any(chunk_path("us-east-1", trainer.job, c).exists() for c in own - shared)
+    with replication.open_region("us-east-1", other.job) as store:
+        store.verify(kept.manifest_key)  # whole, shared chunks included
+    assert tasks.forget_checkpoints_task(*args) == {"us-east-1": 0, "us-west-2": 0}
+
+
+def test_a_deleted_jobs_checkpoints_in_an_unreachable_region_are_removed_on_a_later_try(
+    trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "STORE_RETRY_S", 0.5)
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    replication.copy_to_region(trainer.save(10), "us-west-2")
+    project, key = trainer.job.project.slug, trainer.job.checkpoint_key
+    local_west = replication.region_store("us-west-2", project).url
+    settings.BATON_REGION_STORES = {"us-west-2": "s3://nobody-listens/ckpt"}
+    settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
+
+    with pytest.raises(StoreError, match="not removed in us-west-2"):
+        replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"])
+
+    with replication.open_region("us-east-1", trainer.job) as store:
+        assert store.list(key) == []  # the reachable region was done first
+    settings.BATON_REGION_STORES = {"us-west-2": local_west.removesuffix(f"/{project}")}
+    with replication.open_region("us-west-2", trainer.job) as store:
+        assert store.list(key) != []
+    replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"])
+    with replication.open_region("us-west-2", trainer.job) as store:
+        assert store.list(key) == []
