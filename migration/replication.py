@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 STORE_RETRY_S = 10.0
 # Chunks younger than this are never collected: a save or a copy may be about to name them.
 RETENTION_GRACE_S = DEFAULT_GC_GRACE_S
+# A deleted job's stores are swept again this long after the grace period.
+FORGET_SWEEP_MARGIN_S = 60.0
 
 
 class ReplicationFailed(StoreError):
@@ -373,17 +375,16 @@ def retain(job: Job) -> dict[str, Any]:
 
 def delete_finished_jobs(jobs: Iterable[Job]) -> tuple[list[int], list[int]]:
     """Delete the finished ones of `jobs`. Once a deletion commits, the job's checkpoints are
-    removed from every region that may hold them (queue `replication`): their key has a
-    random part only the deleted row knew, so nothing could find them again. Returns the ids
-    deleted and the ids refused (an unfinished job still holds instances)."""
+    removed from every region's store (queue `replication`): their key has a random part only
+    the deleted row knew, so nothing could find them again. Returns the ids deleted and the
+    ids refused (an unfinished job still holds instances)."""
+    regions = sorted(Region.objects.values_list("code", flat=True))
     deleted: list[int] = []
     refused: list[int] = []
     for job in jobs:
         if not is_finished(job.state):
             refused.append(job.pk)
             continue
-        ran_in = Instance.objects.filter(job=job).values_list("pool__region__code", flat=True)
-        regions = sorted(set(job_regions(job)) | set(ran_in))
         pk, key, project = job.pk, job.checkpoint_key, job.project.slug
         with transaction.atomic():
             job.delete()
@@ -392,18 +393,25 @@ def delete_finished_jobs(jobs: Iterable[Job]) -> tuple[list[int], list[int]]:
     return deleted, refused
 
 
-def forget_checkpoints(project: str, key: str, regions: list[str]) -> dict[str, int]:
-    """Remove every checkpoint named `key` from `project`'s store in each of `regions`, with
-    the chunks nothing else there references (those younger than the grace period go with a
-    later round of retention in that store). Returns the bytes removed in each region.
+def forget_checkpoints(
+    project: str, key: str, regions: list[str], *, sweep_later: bool
+) -> dict[str, int]:
+    """Remove every checkpoint named `key` from `project`'s store in each of `regions` (a
+    folder store never made is skipped), with the chunks nothing else there references.
+    Chunks younger than the grace period stay, since a save may be about to name them (a copy
+    of the job's last checkpoint, an earlier retention's leftovers); with `sweep_later`, a
+    second run after the grace period removes them. Returns the bytes removed per region.
 
     A region that cannot be reached raises StoreError once the others are done; running again
     finds nothing left where this run succeeded."""
     removed: dict[str, int] = {}
     unreached: list[str] = []
     for region in regions:
+        where = region_store(region, project)
+        if where.never_made:
+            continue
         try:
-            with _open(region_store(region, project)) as store:
+            with _open(where) as store:
                 removed[region] = store.remove_checkpoints(
                     key, store.list(key), grace_s=RETENTION_GRACE_S
                 ).bytes_removed
@@ -412,6 +420,15 @@ def forget_checkpoints(project: str, key: str, regions: list[str]) -> dict[str, 
     if unreached:
         raise StoreError(f"checkpoints of {key} not removed in {', '.join(unreached)}")
     logger.info("removed the checkpoints of deleted job %s: %s", key, removed)
+    if sweep_later:
+        enqueue_on_commit(
+            "migration.tasks.forget_checkpoints_task",
+            project,
+            key,
+            regions,
+            False,
+            countdown=RETENTION_GRACE_S + FORGET_SWEEP_MARGIN_S,
+        )
     return removed
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 
@@ -31,6 +33,12 @@ class RegionStore:
     @property
     def is_s3(self) -> bool:
         return self.url.startswith("s3://")
+
+    @property
+    def never_made(self) -> bool:
+        """True for a store in a local folder that does not exist (opening one creates it)."""
+        parts = urlsplit(self.url)
+        return parts.scheme == "file" and not Path(unquote(parts.path)).exists()
 
     def open(self, **options: Any) -> Store:
         return open_store(self.url, endpoint=self.endpoint, **options)

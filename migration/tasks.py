@@ -43,10 +43,13 @@ def replicate_checkpoint_task(checkpoint_id: int, region: str | None = None) -> 
 @shared_task(
     acks_late=True, autoretry_for=(*TRANSIENT, StoreError), retry_backoff=True, max_retries=8
 )
-def forget_checkpoints_task(project: str, key: str, regions: list[str]) -> dict[str, int]:
-    """Remove a deleted job's checkpoints from the region stores (queue `replication`); a
-    store that cannot be reached is tried again later."""
-    return replication.forget_checkpoints(project, key, regions)
+def forget_checkpoints_task(
+    project: str, key: str, regions: list[str], sweep_later: bool = True
+) -> dict[str, int]:
+    """Remove a deleted job's checkpoints from the region stores, then (`sweep_later`) once
+    more after the grace period (queue `replication`); a store that cannot be reached is
+    tried again later."""
+    return replication.forget_checkpoints(project, key, regions, sweep_later=sweep_later)
 
 
 @shared_task(acks_late=True, autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)

@@ -379,7 +379,6 @@ def test_deleting_a_finished_job_removes_its_checkpoints_everywhere_and_no_one_e
     regions: dict[str, Region],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(replication, "RETENTION_GRACE_S", 0.0)
     # A job of the same project shares the base's chunks and the step-10 adapter's.
     other = Trainer(submit(alice, catalogue), regions["us-east-1"])
     saved = [trainer.save(step) for step in (10, 20)]
@@ -391,8 +390,10 @@ def test_deleting_a_finished_job_removes_its_checkpoints_everywhere_and_no_one_e
         shared = set(store.load_manifest(kept.manifest_key).chunks())
     assert own - shared
     type(trainer.job).objects.filter(pk=trainer.job.pk).update(state="succeeded")
-    sent: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr(replication, "enqueue_on_commit", lambda task, *a: sent.append((task, a)))
+    sent: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    monkeypatch.setattr(
+        replication, "enqueue_on_commit", lambda task, *a, **kw: sent.append((task, a, kw))
+    )
     key = trainer.job.checkpoint_key
 
     deleted, refused = replication.delete_finished_jobs(
@@ -401,17 +402,26 @@ def test_deleting_a_finished_job_removes_its_checkpoints_everywhere_and_no_one_e
 
     assert (deleted, refused) == ([trainer.job.pk], [other.job.pk])
     assert not Checkpoint.objects.filter(pk__in=[c.pk for c in saved]).exists()
-    args = (trainer.job.project.slug, key, ["us-east-1", "us-west-2"])
-    assert sent == [("migration.tasks.forget_checkpoints_task", args)]
-    removed = tasks.forget_checkpoints_task(*args)
-    assert all(removed[region] >= trainer.changed_bytes for region in ("us-east-1", "us-west-2"))
+    args = (trainer.job.project.slug, key, ["eu-west-1", "us-east-1", "us-west-2"])
+    assert sent == [("migration.tasks.forget_checkpoints_task", args, {})]
+    assert tasks.forget_checkpoints_task(*args) == {"us-east-1": 0, "us-west-2": 0}
     for region in ("us-east-1", "us-west-2"):
         with replication.open_region(region, trainer.job) as store:
             assert store.list(key) == []
+    # Its chunks are younger than the grace period: the second run, after it, takes them.
+    assert all(chunk_path("us-east-1", trainer.job, c).exists() for c in own - shared)
+    later = (*args, False)
+    assert sent[1:] == [
+        ("migration.tasks.forget_checkpoints_task", later, {"countdown": 600.0 + 60.0})
+    ]
+    monkeypatch.setattr(replication, "RETENTION_GRACE_S", 0.0)
+    removed = tasks.forget_checkpoints_task(*later)
+    assert all(removed[region] >= trainer.changed_bytes for region in ("us-east-1", "us-west-2"))
     assert not any(chunk_path("us-east-1", trainer.job, c).exists() for c in own - shared)
     with replication.open_region("us-east-1", other.job) as store:
         store.verify(kept.manifest_key)  # whole, shared chunks included
-    assert tasks.forget_checkpoints_task(*args) == {"us-east-1": 0, "us-west-2": 0}
+    assert len(sent) == 2  # no third run
+    assert replication.region_store("eu-west-1", trainer.job.project.slug).never_made
 
 
 def test_a_deleted_jobs_checkpoints_in_an_unreachable_region_are_removed_on_a_later_try(
@@ -427,13 +437,13 @@ def test_a_deleted_jobs_checkpoints_in_an_unreachable_region_are_removed_on_a_la
     settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
 
     with pytest.raises(StoreError, match="not removed in us-west-2"):
-        replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"])
+        replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"], sweep_later=False)
 
     with replication.open_region("us-east-1", trainer.job) as store:
         assert store.list(key) == []  # the reachable region was done first
     settings.BATON_REGION_STORES = {"us-west-2": local_west.removesuffix(f"/{project}")}
     with replication.open_region("us-west-2", trainer.job) as store:
         assert store.list(key) != []
-    replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"])
+    replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"], sweep_later=False)
     with replication.open_region("us-west-2", trainer.job) as store:
         assert store.list(key) == []
