@@ -172,15 +172,20 @@ def test_regions_are_ranked_by_the_latency_matrix_either_way_round(
     )
 
 
-def test_a_region_whose_store_is_down_is_skipped_for_the_next_one(
-    trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def region_down(region: str, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point `region` at an S3 endpoint where nothing listens (given up on after 0.5 s)."""
     monkeypatch.setattr(replication, "STORE_RETRY_S", 0.5)
     for name, value in S3_ENV.items():
         monkeypatch.setenv(name, value)
+    settings.BATON_REGION_STORES = {region: "s3://nobody-listens/ckpt"}
+    settings.BATON_REGION_S3_ENDPOINTS = {region: "http://127.0.0.1:9"}
+
+
+def test_a_region_whose_store_is_down_is_skipped_for_the_next_one(
+    trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings.BATON_REPLICAS = 1
-    settings.BATON_REGION_STORES = {"us-west-2": "s3://nobody-listens/ckpt"}
-    settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
+    region_down("us-west-2", settings, monkeypatch)
     checkpoint = trainer.save(10)
 
     made = replication.replicate(checkpoint.pk)
@@ -343,11 +348,7 @@ def test_a_start_whose_region_store_is_down_is_placed_in_another_region(
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(replication, "STORE_RETRY_S", 0.5)
-    for name, value in S3_ENV.items():
-        monkeypatch.setenv(name, value)
-    settings.BATON_REGION_STORES = {"us-west-2": "s3://nobody-listens/ckpt"}
-    settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
+    region_down("us-west-2", settings, monkeypatch)
     job, agents = running_job(alice, catalogue, backend)
     with replication.open_region("us-east-1", job) as store:
         key = store.save(
@@ -427,14 +428,10 @@ def test_deleting_a_finished_job_removes_its_checkpoints_everywhere_and_no_one_e
 def test_a_deleted_jobs_checkpoints_in_an_unreachable_region_are_removed_on_a_later_try(
     trainer: Trainer, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(replication, "STORE_RETRY_S", 0.5)
-    for name, value in S3_ENV.items():
-        monkeypatch.setenv(name, value)
     replication.copy_to_region(trainer.save(10), "us-west-2")
     project, key = trainer.job.project.slug, trainer.job.checkpoint_key
     local_west = replication.region_store("us-west-2", project).url
-    settings.BATON_REGION_STORES = {"us-west-2": "s3://nobody-listens/ckpt"}
-    settings.BATON_REGION_S3_ENDPOINTS = {"us-west-2": "http://127.0.0.1:9"}
+    region_down("us-west-2", settings, monkeypatch)
 
     with pytest.raises(StoreError, match="not removed in us-west-2"):
         replication.forget_checkpoints(project, key, ["us-east-1", "us-west-2"], sweep_later=False)
