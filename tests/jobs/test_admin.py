@@ -120,8 +120,10 @@ def test_deleting_a_finished_job_in_the_admin_removes_its_checkpoints(
     )
     Job.objects.filter(pk=job.pk).update(state="succeeded")
 
+    confirm = staff_client.get(f"/admin/jobs/job/{job.pk}/delete/").content.decode()
     page = staff_client.post(f"/admin/jobs/job/{job.pk}/delete/", {"post": "yes"}, follow=True)
 
+    assert "also removes its checkpoints from every region" in confirm
     assert f"Removing the checkpoints of job(s) {job.pk}" in page.content.decode()
     assert not Job.objects.filter(pk=job.pk).exists()
 
