@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -24,7 +25,8 @@ import urllib3.exceptions
 from botocore.config import Config
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError, StoreUnavailable
-from .store import DEFAULT_CHUNK_SIZE, Store
+from .manifest import Manifest
+from .store import DEFAULT_CHUNK_SIZE, Store, Wait
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,11 @@ _TRANSIENT = (
 )
 _TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "503"}
 _NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
+# Where gc keeps the chunks it removes until it has read the manifests again (`_sweep_chunks`):
+# `trash/<start time>-<random>/<chunk>`, one folder per sweep. A folder older than this is a
+# sweep that died before it finished; the next sweep puts its chunks back.
+_TRASH = "trash/"
+_TRASH_ABANDONED_S = 3600.0
 
 
 _SESSION_LOCK = threading.Lock()
@@ -166,6 +173,26 @@ class S3Store(Store):
         # A completed PUT is durable in S3.
         return
 
+    def _commit_manifest(
+        self, key: str, data: bytes, new_chunks: Iterable[str], chunks_finished: Wait | None = None
+    ) -> None:
+        # A save trusts a chunk it found present, and gc may remove that chunk before the
+        # manifest is up (a HEAD does not renew a chunk's age, as a local store's touch does).
+        # gc puts back what a manifest committed during its sweep names; a manifest committed
+        # after the sweep finds the delete done here, and is withdrawn (decision 005).
+        new = set(new_chunks)
+        super()._commit_manifest(key, data, new, chunks_finished)
+        reused = [c for c in Manifest.from_json(key, data).chunks() if c not in new]
+        present = self._executor().map(self._has_chunk, reused)
+        missing = [chunk for chunk, there in zip(reused, present, strict=True) if not there]
+        if missing:
+            self._delete([key])
+            self._present.difference_update(missing)
+            raise StoreError(
+                f"{self.url}: gc removed {len(missing)} chunk(s) that {key} reuses (first "
+                f"{missing[0]}) while it was being saved; nothing was committed, save again"
+            )
+
     def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
         key = self._key(self.chunk_key(chunk))
         try:
@@ -250,6 +277,66 @@ class S3Store(Store):
             if errors:
                 first = errors[0]
                 raise StoreError(f"{self.url}: could not delete {first.get('Key')}: {first}")
+
+    def _copy(self, source: str, target: str) -> bool:
+        """Copy an object inside the bucket; False if `source` does not exist."""
+
+        def copy() -> bool:
+            try:
+                self._client.copy_object(
+                    Bucket=self.bucket,
+                    Key=self._key(target),
+                    CopySource={"Bucket": self.bucket, "Key": self._key(source)},
+                )
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    return False
+                raise
+            return True
+
+        return self._retry(f"copy {source}", copy)
+
+    def _sweep_chunks(self, listed: dict[str, float], recycle_bytes: int) -> tuple[list[str], int]:
+        # S3 has no rename, so a save can reuse a listed chunk until the very delete. Each
+        # chunk is copied to this sweep's trash folder before it is deleted; then the manifests
+        # are read again, and a chunk that one of them names now (a save that committed
+        # meanwhile) is put back. A save that commits later finds the delete done when it
+        # checks its reused chunks (`_commit_manifest`). The trash goes last.
+        self._put_back_abandoned_trash()
+        pool = self._executor()
+        trash = f"{_TRASH}{int(time.time()):010d}-{secrets.token_hex(4)}/"
+        chunks = list(listed)
+        copied = pool.map(lambda c: self._copy(self.chunk_key(c), trash + c), chunks)
+        trashed = [chunk for chunk, there in zip(chunks, copied, strict=True) if there]
+        try:
+            self._delete([self.chunk_key(chunk) for chunk in trashed])
+            named = {chunk for _, names in self._named_chunks() for chunk in names}
+        except BaseException:
+            named = set(trashed)  # not known what a save committed meanwhile: all go back
+            raise
+        finally:
+            back = [chunk for chunk in trashed if chunk in named]
+            list(pool.map(lambda c: self._copy(trash + c, self.chunk_key(c)), back))
+            self._delete([trash + chunk for chunk in trashed])
+        return [chunk for chunk in trashed if chunk not in named], 0
+
+    def _put_back_abandoned_trash(self) -> None:
+        """Put back the chunks of sweeps that died before they finished (their trash folders
+        are older than `_TRASH_ABANDONED_S`): the next sweep decides about them again."""
+        now = time.time()
+        abandoned = []
+        for page in self._pages(_TRASH):
+            for obj in page.get("Contents", []):
+                key = self._strip(obj["Key"])
+                started = key[len(_TRASH) :].split("-", 1)[0]
+                if not started.isdigit() or now - int(started) >= _TRASH_ABANDONED_S:
+                    abandoned.append(key)
+        if not abandoned:
+            return
+        for key in abandoned:
+            self._copy(key, self.chunk_key(key.rsplit("/", 1)[-1]))
+        self._delete(abandoned)
+        logger.warning("%s: put back %d chunks of an unfinished gc", self.url, len(abandoned))
 
     def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
         for page in self._pages("chunks/"):

@@ -671,6 +671,18 @@ class Store(ABC):
             job, [ref for ref in self.list(job) if ref.key not in keep], grace_s=grace_s
         )
 
+    def _named_chunks(self) -> Iterator[tuple[ManifestRef, dict[str, int]]]:
+        """Every manifest of every job in this store, with the chunks it names. An unreadable
+        one is skipped with a warning: its chunks are unknown, and gc may sweep them."""
+        for job in self.jobs():
+            for ref in self.list(job):
+                try:
+                    chunks = self.load_manifest(ref).chunks()
+                except (CorruptManifest, ManifestNotFound) as exc:
+                    logger.warning("gc: skipping unreadable manifest %s: %s", ref, exc)
+                    continue
+                yield ref, chunks
+
     def remove_checkpoints(
         self, job: str, doomed: Collection[ManifestRef], *, grace_s: float = DEFAULT_GC_GRACE_S
     ) -> GcStats:
@@ -682,17 +694,10 @@ class Store(ABC):
         referenced: set[str] = set()
         # The bytes of this job's newest checkpoint of each rank: what its next save may write.
         newest: dict[int, tuple[tuple[int, int, int], int]] = {}
-        for other_job in self.jobs():
-            for ref in self.list(other_job):
-                try:
-                    chunks = self.load_manifest(ref).chunks()
-                except (CorruptManifest, ManifestNotFound) as exc:
-                    # Its chunks are unknown; they may be swept. Say so rather than stop.
-                    logger.warning("gc: skipping unreadable manifest %s: %s", ref, exc)
-                    continue
-                referenced.update(chunks)
-                if other_job == job and ref.sort_key > newest.get(ref.rank, ((-1, -1, -1), 0))[0]:
-                    newest[ref.rank] = (ref.sort_key, sum(chunks.values()))
+        for ref, chunks in self._named_chunks():
+            referenced.update(chunks)
+            if ref.job == job and ref.sort_key > newest.get(ref.rank, ((-1, -1, -1), 0))[0]:
+                newest[ref.rank] = (ref.sort_key, sum(chunks.values()))
         now = time.time()
         sizes: dict[str, int] = {}
         listed: dict[str, float] = {}

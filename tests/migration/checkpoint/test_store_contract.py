@@ -23,11 +23,14 @@ from migration.checkpoint import (
     SaveCancelled,
     SaveResult,
     Store,
+    StoreError,
 )
+from migration.checkpoint.s3 import S3Store
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Snapshot
 
-from .conftest import temporaries
+from .conftest import new_s3_store, temporaries
+from .s3server import S3Server
 
 CHUNK = 1024 * 1024
 
@@ -328,6 +331,111 @@ def test_a_read_finds_a_chunk_gc_put_back_just_after_the_read_missed_it(
     os.unlink(path)
     with pytest.raises(CorruptChunk, match="missing"):
         store.verify(result.ref)
+    store.close()
+
+
+def _retired_chunk_in_s3(server: S3Server) -> tuple[S3Store, dict[str, Any], str]:
+    """An S3 store where job-1 saved `retired` at step 1 and other content at step 2, so that
+    `gc("job-1", keep=1)` finds the one chunk of `retired` unreferenced: (store, retired, its
+    chunk)."""
+    store = new_s3_store(server, chunk_size=CHUNK)
+    retired = {"own": np.full(CHUNK // 8, 1.0)}
+    [chunk] = store.save("job-1", 1, retired).manifest.chunks()
+    store.save("job-1", 2, {"own": np.full(CHUNK // 8, 2.0)})
+    return store, retired, chunk
+
+
+def trash_of(store: Store) -> list[str]:
+    """The objects in an S3 store's gc trash."""
+    assert isinstance(store, S3Store)
+    return [obj["Key"] for page in store._pages("trash/") for obj in page.get("Contents", [])]
+
+
+def test_s3_gc_puts_back_a_chunk_a_save_reused_during_its_sweep(s3_env: S3Server) -> None:
+    # S3 has no rename to move a chunk aside: the save finds the listed chunk present and
+    # commits a manifest naming it before gc deletes it. gc reads the manifests again after
+    # its deletes and puts that chunk back from its trash.
+    store, retired, chunk = _retired_chunk_in_s3(s3_env)
+    listing = store._iter_chunks
+    reused: list[ManifestRef] = []
+
+    def listing_then_a_save() -> Any:
+        yield from listing()
+        reused.append(store.save("job-2", 1, retired).ref)
+
+    store._iter_chunks = listing_then_a_save  # type: ignore[method-assign]
+    stats = store.gc("job-1", keep=1, grace_s=0)
+
+    assert stats.chunks_removed == 0
+    assert store._has_chunk(chunk)
+    assert store.load_manifest(reused[0]).bytes_new == 0
+    store.verify(reused[0])
+    assert trash_of(store) == []
+    store.close()
+
+
+def test_an_s3_save_whose_reused_chunk_gc_removed_commits_nothing(s3_env: S3Server) -> None:
+    # gc runs whole between the save's presence check and its manifest: it cannot see the
+    # manifest, so the chunk goes. The save finds it gone after its commit and withdraws the
+    # manifest; saving again uploads the chunk.
+    store, retired, chunk = _retired_chunk_in_s3(s3_env)
+    put_object = store._put_object
+    collected: list[int] = []
+
+    def gc_then_put(key: str, data: bytes) -> None:
+        if key.startswith("jobs/job-2/") and not collected:
+            collected.append(store.gc("job-1", keep=1, grace_s=0).chunks_removed)
+        put_object(key, data)
+
+    store._put_object = gc_then_put  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match="gc removed 1 chunk"):
+        store.save("job-2", 1, retired)
+    assert collected == [1]
+    assert store.list("job-2") == []
+    assert not store._has_chunk(chunk)
+
+    again = store.save("job-2", 1, retired)
+    assert again.manifest.bytes_new == CHUNK
+    store.verify(again.ref)
+    store.close()
+
+
+def test_s3_gc_that_cannot_read_the_manifests_again_puts_every_chunk_back(
+    s3_env: S3Server,
+) -> None:
+    # Not knowing what a save committed during its deletes, gc must not leave any chunk out.
+    store, _, chunk = _retired_chunk_in_s3(s3_env)
+    named_chunks = store._named_chunks
+    looks: list[int] = []
+
+    def fails_the_second_time() -> Any:
+        looks.append(1)
+        if len(looks) == 2:
+            raise StoreError("the manifests cannot be read")
+        return named_chunks()
+
+    store._named_chunks = fails_the_second_time  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match="cannot be read"):
+        store.gc("job-1", keep=1, grace_s=0)
+    assert store._has_chunk(chunk)
+    assert trash_of(store) == []
+    store.close()
+
+
+def test_s3_gc_puts_back_the_chunks_of_a_sweep_that_died(s3_env: S3Server) -> None:
+    # A gc killed between its deletes and its second look at the manifests leaves the chunks
+    # in its trash; the next gc puts them back and decides about them again.
+    store = new_s3_store(s3_env, chunk_size=CHUNK)
+    kept = store.save("job-1", 1, {"own": np.full(CHUNK // 8, 1.0)})
+    [chunk] = kept.manifest.chunks()
+    died = "trash/0000000001-deadbeef/"
+    assert store._copy(store.chunk_key(chunk), died + chunk)
+    store._delete([store.chunk_key(chunk)])
+
+    store.gc("job-1", keep=1, grace_s=0)
+
+    store.verify(kept.ref)
+    assert trash_of(store) == []
     store.close()
 
 
