@@ -146,19 +146,25 @@ class S3Store(Store):
                 time.sleep(pause)
                 delay = min(delay * 2, 5.0)
 
-    def _has_chunk(self, chunk: str) -> bool:
-        key = self._key(self.chunk_key(chunk))
+    def _unless_missing(self, what: str, call: Callable[[], object]) -> bool:
+        """Run `call` (retried); False if it answered that its object does not exist."""
 
-        def head() -> bool:
+        def attempt() -> bool:
             try:
-                self._client.head_object(Bucket=self.bucket, Key=key)
+                call()
             except bce.ClientError as exc:
                 if _is_not_found(exc):
                     return False
                 raise
             return True
 
-        return self._retry(f"head {key}", head)
+        return self._retry(what, attempt)
+
+    def _has_chunk(self, chunk: str) -> bool:
+        key = self._key(self.chunk_key(chunk))
+        return self._unless_missing(
+            f"head {key}", lambda: self._client.head_object(Bucket=self.bucket, Key=key)
+        )
 
     def _write_chunk(self, chunk: str, data: memoryview) -> None:
         body = bytes(data)
@@ -280,21 +286,14 @@ class S3Store(Store):
 
     def _copy(self, source: str, target: str) -> bool:
         """Copy an object inside the bucket; False if `source` does not exist."""
-
-        def copy() -> bool:
-            try:
-                self._client.copy_object(
-                    Bucket=self.bucket,
-                    Key=self._key(target),
-                    CopySource={"Bucket": self.bucket, "Key": self._key(source)},
-                )
-            except bce.ClientError as exc:
-                if _is_not_found(exc):
-                    return False
-                raise
-            return True
-
-        return self._retry(f"copy {source}", copy)
+        return self._unless_missing(
+            f"copy {source}",
+            lambda: self._client.copy_object(
+                Bucket=self.bucket,
+                Key=self._key(target),
+                CopySource={"Bucket": self.bucket, "Key": self._key(source)},
+            ),
+        )
 
     def _sweep_chunks(self, listed: dict[str, float], recycle_bytes: int) -> tuple[list[str], int]:
         # S3 has no rename, so a save can reuse a listed chunk until the very delete. Each

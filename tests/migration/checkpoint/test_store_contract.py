@@ -18,6 +18,7 @@ import pytest
 from migration.checkpoint import (
     CorruptChunk,
     CorruptManifest,
+    GcStats,
     ManifestNotFound,
     ManifestRef,
     SaveCancelled,
@@ -258,6 +259,22 @@ def test_gc_spares_unreferenced_chunks_younger_than_its_grace_period(store: Stor
     assert stats.chunks_removed == 0
 
 
+def _gc_with_a_save_after_its_listing(
+    store: Store, retired: dict[str, Any]
+) -> tuple[GcStats, ManifestRef]:
+    """`gc("job-1", keep=1, grace_s=0)` with a save of `retired` by job-2 between gc's listing
+    of the chunks and its removal of them: (gc's stats, the save's checkpoint)."""
+    listing = store._iter_chunks
+    reused: list[ManifestRef] = []
+
+    def listing_then_a_save() -> Any:
+        yield from listing()
+        reused.append(store.save("job-2", 1, retired).ref)
+
+    store._iter_chunks = listing_then_a_save  # type: ignore[method-assign]
+    return store.gc("job-1", keep=1, grace_s=0), reused[0]
+
+
 def test_gc_keeps_an_old_chunk_a_save_reuses_after_gc_listed_it(tmp_path: Path) -> None:
     # gc lists the chunks no manifest references, then removes them; a save in another process
     # may reuse one of them in between (it finds the chunk present, so it does not write it).
@@ -267,20 +284,12 @@ def test_gc_keeps_an_old_chunk_a_save_reuses_after_gc_listed_it(tmp_path: Path) 
     retired = {"own": np.full(CHUNK // 8, 1.0)}
     store.save("job-1", 1, retired)
     store.save("job-1", 2, {"own": np.full(CHUNK // 8, 2.0)})
-    listing = store._iter_chunks
-    reused: list[ManifestRef] = []
-
-    def listing_then_a_save() -> Any:
-        yield from listing()
-        reused.append(store.save("job-2", 1, retired).ref)
-
-    store._iter_chunks = listing_then_a_save  # type: ignore[method-assign]
-    stats = store.gc("job-1", keep=1, grace_s=0)
+    stats, reused = _gc_with_a_save_after_its_listing(store, retired)
 
     assert len(stats.manifests_removed) == 1
     assert stats.chunks_removed == 0  # the one unreferenced chunk was reused
-    assert store.load_manifest(reused[0]).bytes_new == 0
-    store.verify(reused[0])
+    assert store.load_manifest(reused).bytes_new == 0
+    store.verify(reused)
     assert temporaries(tmp_path / "store") == []
 
 
@@ -356,20 +365,12 @@ def test_s3_gc_puts_back_a_chunk_a_save_reused_during_its_sweep(s3_env: S3Server
     # commits a manifest naming it before gc deletes it. gc reads the manifests again after
     # its deletes and puts that chunk back from its trash.
     store, retired, chunk = _retired_chunk_in_s3(s3_env)
-    listing = store._iter_chunks
-    reused: list[ManifestRef] = []
-
-    def listing_then_a_save() -> Any:
-        yield from listing()
-        reused.append(store.save("job-2", 1, retired).ref)
-
-    store._iter_chunks = listing_then_a_save  # type: ignore[method-assign]
-    stats = store.gc("job-1", keep=1, grace_s=0)
+    stats, reused = _gc_with_a_save_after_its_listing(store, retired)
 
     assert stats.chunks_removed == 0
     assert store._has_chunk(chunk)
-    assert store.load_manifest(reused[0]).bytes_new == 0
-    store.verify(reused[0])
+    assert store.load_manifest(reused).bytes_new == 0
+    store.verify(reused)
     assert trash_of(store) == []
     store.close()
 
