@@ -354,9 +354,8 @@ def _retired_chunk_in_s3(server: S3Server) -> tuple[S3Store, dict[str, Any], str
     return store, retired, chunk
 
 
-def trash_of(store: Store) -> list[str]:
+def trash_of(store: S3Store) -> list[str]:
     """The objects in an S3 store's gc trash."""
-    assert isinstance(store, S3Store)
     return [obj["Key"] for page in store._pages("trash/") for obj in page.get("Contents", [])]
 
 
