@@ -412,9 +412,7 @@ def forget_checkpoints(
             continue
         try:
             with _open(where) as store:
-                removed[region] = store.remove_checkpoints(
-                    key, store.list(key), grace_s=RETENTION_GRACE_S
-                ).bytes_removed
+                removed[region] = store.remove_job(key, grace_s=RETENTION_GRACE_S).bytes_removed
         except StoreError as exc:
             unreached.append(f"{region} ({exc})")
     if unreached:

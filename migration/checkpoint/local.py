@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError
 from .hashing import Hasher, new_hasher
-from .manifest import EMERGENCY
+from .manifest import EMERGENCY, job_folders
 from .snapshot import Gathered, aligned_empty, staging_buffer
 from .store import DEFAULT_CHUNK_SIZE, Cancel, Store, Wait, _start_all_threads
 
@@ -748,6 +748,13 @@ class LocalStore(Store):
         for key in keys:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(key))
+
+    def _remove_job_folders(self, job: str) -> None:
+        # rmdir takes only an empty folder: one that still holds a temporary (a save cut short,
+        # which the stale-temporary sweep removes later) stays until a later run.
+        for folder in job_folders(job):
+            with contextlib.suppress(OSError):
+                self._path(folder).rmdir()
 
     def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
         for folder in os.scandir(self.root / "chunks"):

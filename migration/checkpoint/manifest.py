@@ -53,6 +53,11 @@ def manifests_prefix(job: str) -> str:
     return f"jobs/{check_job(job)}/manifests/"
 
 
+def job_folders(job: str) -> tuple[str, str]:
+    """The prefixes a job's manifests make in a store, the innermost first."""
+    return manifests_prefix(job), f"jobs/{check_job(job)}/"
+
+
 @dataclass(frozen=True, order=False)
 class ManifestRef:
     """Names one committed checkpoint of one rank; `str(ref)` is its manifest key."""

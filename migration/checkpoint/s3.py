@@ -25,7 +25,7 @@ import urllib3.exceptions
 from botocore.config import Config
 
 from .errors import CorruptChunk, ManifestNotFound, StoreError, StoreUnavailable
-from .manifest import Manifest
+from .manifest import Manifest, job_folders
 from .store import DEFAULT_CHUNK_SIZE, Store, Wait
 
 logger = logging.getLogger(__name__)
@@ -336,6 +336,12 @@ class S3Store(Store):
             self._copy(key, self.chunk_key(key.rsplit("/", 1)[-1]))
         self._delete(abandoned)
         logger.warning("%s: put back %d chunks of an unfinished gc", self.url, len(abandoned))
+
+    def _remove_job_folders(self, job: str) -> None:
+        # S3 has no folders, but servers that speak its API over a file system may keep them
+        # (SeaweedFS does) until the folder's own key is deleted, which takes only an empty
+        # one; on S3 these keys name nothing and deleting them changes nothing.
+        self._delete(list(job_folders(job)))
 
     def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
         for page in self._pages("chunks/"):

@@ -250,6 +250,10 @@ class Store(ABC):
         """Delete objects; a key that is already gone is not an error."""
 
     @abstractmethod
+    def _remove_job_folders(self, job: str) -> None:
+        """Remove the job's folders (`job_folders`) where they are empty."""
+
+    @abstractmethod
     def _iter_chunks(self) -> Iterator[tuple[str, int, float]]:
         """Every chunk in the store as (digest, size, modified at as a POSIX time)."""
 
@@ -720,6 +724,13 @@ class Store(ABC):
             stats.bytes_removed,
             stats.bytes_recycled,
         )
+        return stats
+
+    def remove_job(self, job: str, *, grace_s: float = DEFAULT_GC_GRACE_S) -> GcStats:
+        """Remove every checkpoint of `job`, a job that will save no more (it was deleted), as
+        `remove_checkpoints` does, and then the folders a folder store kept for it."""
+        stats = self.remove_checkpoints(job, self.list(job), grace_s=grace_s)
+        self._remove_job_folders(job)
         return stats
 
     def remove_chunks(self, chunks: Iterable[str]) -> None:

@@ -114,9 +114,12 @@ def ready_regions(checkpoint: Checkpoint) -> set[str]:
     return set(replication.holders(checkpoint))
 
 
+def store_root(region: str, job: Any) -> Path:
+    return Path(replication.region_store(region, job.project.slug).url.removeprefix("file://"))
+
+
 def chunk_path(region: str, job: Any, chunk: str) -> Path:
-    url = replication.region_store(region, job.project.slug).url
-    return Path(url.removeprefix("file://")) / "chunks" / chunk[:2] / chunk
+    return store_root(region, job) / "chunks" / chunk[:2] / chunk
 
 
 def test_a_checkpoint_goes_to_the_regions_the_job_would_land_in_next(trainer: Trainer) -> None:
@@ -409,6 +412,8 @@ def test_deleting_a_finished_job_removes_its_checkpoints_everywhere_and_no_one_e
     for region in ("us-east-1", "us-west-2"):
         with replication.open_region(region, trainer.job) as store:
             assert store.list(key) == []
+        assert not (store_root(region, trainer.job) / "jobs" / key).exists()
+    assert (store_root("us-east-1", other.job) / "jobs" / other.job.checkpoint_key).is_dir()
     # Its chunks are younger than the grace period: the second run, after it, takes them.
     assert all(chunk_path("us-east-1", trainer.job, c).exists() for c in own - shared)
     later = (*args, False)

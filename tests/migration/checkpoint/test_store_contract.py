@@ -259,6 +259,40 @@ def test_gc_spares_unreferenced_chunks_younger_than_its_grace_period(store: Stor
     assert stats.chunks_removed == 0
 
 
+def test_removing_a_job_leaves_nothing_of_it_and_keeps_the_others(store: Store) -> None:
+    shared = np.full(CHUNK // 8, 3.0)
+    for step in (1, 2):
+        store.save("job-1", step, {"shared": shared, "own": np.full(CHUNK // 8, float(step))})
+    kept = store.save("job-2", 1, {"shared": shared})
+    before = {c for c, _, _ in store._iter_chunks()}
+
+    stats = store.remove_job("job-1", grace_s=0)
+
+    assert store.list("job-1") == [] and len(stats.manifests_removed) == 2
+    assert store._list_dirs("jobs/") == ["job-2"]
+    # Steps 1 and 2 owned one chunk each; the shared one stays with job-2.
+    assert len(before - {c for c, _, _ in store._iter_chunks()}) == stats.chunks_removed == 2
+    store.verify(kept.ref)
+
+
+def test_a_removed_jobs_folder_stays_while_it_holds_a_young_temporary(tmp_path: Path) -> None:
+    from migration.checkpoint import LocalStore
+
+    store = LocalStore(tmp_path / "store", chunk_size=CHUNK)
+    store.save("job-1", 1, make_state(0, mib=2))
+    folder = tmp_path / "store" / "jobs" / "job-1"
+    leftover = folder / "manifests" / f".{'0' * 12}-periodic-r0.json.tmp-1-aaaa"
+    leftover.write_bytes(b"partial")  # a save cut short, or one still writing
+
+    store.remove_job("job-1", grace_s=600)
+    assert leftover.exists() and store.list("job-1") == []
+
+    an_hour_ago = time.time() - 3600
+    os.utime(leftover, (an_hour_ago, an_hour_ago))
+    store.remove_job("job-1", grace_s=600)
+    assert not folder.exists()
+
+
 def _gc_with_a_save_after_its_listing(
     store: Store, retired: dict[str, Any]
 ) -> tuple[GcStats, ManifestRef]:
