@@ -132,6 +132,7 @@ class CapacityPoolAdmin(admin.ModelAdmin):
     ]
     list_filter = ["market", "backend", "enabled", "region", "accelerator"]
     list_editable = ["price_per_hour", "capacity", "enabled"]
+    readonly_fields = ["last_preempted_at"]
     search_fields = ["instance_type", "zone"]
     list_select_related = ["region", "accelerator"]
 

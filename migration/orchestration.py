@@ -45,7 +45,7 @@ from migration.choices import (
 )
 from migration.events import record_event
 from migration.imds import metadata_url
-from migration.models import Checkpoint, Instance, Migration
+from migration.models import CapacityPool, Checkpoint, Instance, Migration
 from migration.replication import (
     CopyOutcome,
     ReplicationFailed,
@@ -332,6 +332,7 @@ def on_notice(job: Job, instance: Instance, level: str, deadline: str | None, so
         data["target"] = _pre_reserve(job, migration)
         record_event(job, TimelineKind.NOTICE_ADVANCE, data, migration=migration)
         return
+    _spot_taken_back(instance)
     if _has_event(migration, TimelineKind.NOTICE_FINAL):
         return
     _broadcast_notice(job, migration, instance, final=True, deadline=deadline)
@@ -345,6 +346,15 @@ def on_notice(job: Job, instance: Instance, level: str, deadline: str | None, so
         TimelineKind.CHECKPOINT_STARTED,
         {"kind": "emergency", "ranks": job.nodes, "deadline": deadline},
         migration=migration,
+    )
+
+
+def _spot_taken_back(instance: Instance) -> None:
+    """The instance's pool takes it back (a final notice, a reclaim): if it is a spot pool, its
+    spell of spot room starts again now, which a job behind its plan waits out before it leaves
+    on-demand for this pool (decision 052)."""
+    CapacityPool.objects.filter(pk=instance.pool_id, market=Market.SPOT).update(
+        last_preempted_at=timezone.now()
     )
 
 
@@ -451,6 +461,8 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
     reclaimed (its time came), lost (silent) or failed to start. The job migrates once every
     rank of its gang is gone."""
     failed = reason in ("lost", "start_failed")
+    if reason == "reclaimed":
+        _spot_taken_back(instance)
     # An agent that exited still sends its last lines: its token goes with the sweep. What
     # the cloud takes (reclaimed) or what went silent is ended at once.
     end_instance(

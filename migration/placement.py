@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from costs.estimator import expected_spot_held_hours
 from migration.compatibility import HardwareOption
@@ -65,6 +66,9 @@ class PoolView:
     free: int
     interruption_rate_per_hour: float = 0.0
     notice_s: float = 120.0  # advance notice plus final window: time for an emergency save
+    # When the pool last took back a spot instance (None: never seen): its spot has had room
+    # without a break since then.
+    last_preempted_at: datetime | None = None
 
 
 @dataclass(frozen=True)

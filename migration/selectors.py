@@ -113,6 +113,7 @@ def pool_views() -> list[PoolView]:
             free=p.free,  # type: ignore[attr-defined]  # annotated by with_free()
             interruption_rate_per_hour=p.interruption_rate_per_hour,
             notice_s=p.advance_notice_s + p.final_window_s,
+            last_preempted_at=p.last_preempted_at,
         )
         for p in pools
     ]
@@ -265,13 +266,16 @@ def _hours_between(later: datetime, earlier: datetime) -> float:
 
 def market_situation(job: Job, seen: Prospects, now: datetime | None = None) -> MarketSituation:
     """The job and its prospects in the terms of the cost policies: spot is available when a
-    spot pool has room for the gang, and its figures are that pool's."""
+    spot pool has room for the gang, and its figures are that pool's (how long its spot has had
+    room too: since it last took back an instance)."""
     now = now or timezone.now()
     created = job.created_at or now
+    spot = seen.spot if isinstance(seen.spot, PlacementChoice) else None
+    preempted = None if spot is None else spot.pool.last_preempted_at
     return MarketSituation(
         tolerance=job.tolerance,
         remaining_work_hours=remaining_work_hours(job),
-        spot_available=isinstance(seen.spot, PlacementChoice),
+        spot_available=spot is not None,
         spot_price_per_hour=seen.price(Market.SPOT),
         on_demand_price_per_hour=seen.price(Market.ON_DEMAND),
         interruption_rate_per_hour=seen.interruption_rate,
@@ -286,6 +290,7 @@ def market_situation(job: Job, seen: Prospects, now: datetime | None = None) -> 
         max_wait_hours=job.max_wait_s / 3600,
         allow_on_demand=job.allow_on_demand_fallback and seen.on_demand_fit is not None,
         lost_hours_per_interruption=seen.lost_hours_per_interruption,
+        spot_available_hours=None if preempted is None else _hours_between(now, preempted),
     )
 
 

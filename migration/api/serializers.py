@@ -66,6 +66,7 @@ class PoolSerializer(serializers.ModelSerializer):
             "interruption_rate_borrowed_from",
             "mean_time_between_interruptions_hours",
             "mean_price_per_hour",
+            "last_preempted_at",
             "backend",
             "advance_notice_s",
             "final_window_s",

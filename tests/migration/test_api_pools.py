@@ -95,6 +95,7 @@ def test_pools_show_figures_derived_from_history(
 
     pool = catalogue["pools"]["v100_spot"]
     pool.interruption_rate_per_hour = 0.5
+    pool.last_preempted_at = "2022-05-31T02:30:00Z"
     pool.save()
     for hour, price in ((1, "0.90"), (2, "1.00")):
         PriceSample.objects.create(pool=pool, at=f"2022-05-31T{hour:02}:00:00Z", price=price)
@@ -104,6 +105,8 @@ def test_pools_show_figures_derived_from_history(
     assert listed[pool.pk]["mean_price_per_hour"] == pytest.approx(0.95)
     assert listed[pool.pk]["mean_time_between_interruptions_hours"] == 2.0
     assert listed[catalogue["pools"]["t4_od"].pk]["mean_time_between_interruptions_hours"] is None
+    assert listed[pool.pk]["last_preempted_at"] == "2022-05-31T02:30:00Z"
+    assert listed[catalogue["pools"]["t4_od"].pk]["last_preempted_at"] is None
 
 
 def test_a_pool_says_where_its_interruption_rate_comes_from(

@@ -3,10 +3,12 @@ the capacity backend is replaced by a recorder (the end-to-end tests run the rea
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.models import Job
@@ -16,7 +18,7 @@ from migration.backends import AgentSpec, BackendStatus
 from migration.checkpoint import open_store
 from migration.checkpoint.sdk import Checkpointer
 from migration.choices import MIGRATION_TIMELINE
-from migration.models import Checkpoint, Instance, Migration, TimelineEvent
+from migration.models import CapacityPool, Checkpoint, Instance, Migration, TimelineEvent
 from portal import enqueue
 from tests.conftest import submit
 
@@ -249,6 +251,31 @@ def test_a_restore_that_does_not_match_its_reference_rolls_back_to_the_previous_
     job.refresh_from_db()
     assert job.state == "running"
     assert Migration.objects.get(job=job).rollbacks == 1
+
+
+def test_a_final_notice_or_a_reclaim_starts_the_spot_pools_spell_of_room_again(
+    catalogue: Any, alice: Any, backend: Recorder, django_capture_on_commit_callbacks: Any
+) -> None:
+    job, agents = running_job(alice, catalogue, backend)
+    instance = Instance.objects.select_related("pool").get(job=job)
+    pools = CapacityPool.objects.filter(pk=instance.pool_id)
+    assert instance.pool.market == "spot" and instance.pool.last_preempted_at is None
+
+    agents[0].send("notice", level="advance", source="imds")
+    assert pools.get().last_preempted_at is None  # a rebalance recommendation takes nothing
+    before = timezone.now()
+    agents[0].send("notice", level="final", source="imds")
+    noticed = pools.get().last_preempted_at
+    assert noticed is not None and noticed >= before
+
+    # A reclaim counts on its own, for an agent that never reported the notice.
+    pools.update(last_preempted_at=None)
+    Instance.objects.filter(pk=instance.pk).update(reclaim_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert interruptions.reclaim_instance(instance.pk)
+    reclaimed = pools.get().last_preempted_at
+    assert reclaimed is not None and reclaimed >= noticed
+    assert not CapacityPool.objects.filter(market="on_demand", last_preempted_at__isnull=False)
 
 
 def test_a_released_instances_token_is_refused(

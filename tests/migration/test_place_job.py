@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from costs.policies import decide_market
 from jobs import services as job_services
 from jobs.models import Job
 from migration import selectors, services, sweeps
@@ -358,6 +359,38 @@ def test_an_on_demand_job_with_slack_returns_to_spot_only_when_spot_costs_less(
     assert decision.rule == "spot_with_slack" and "expected to cost" in decision.reason
     CapacityPool.objects.filter(market="spot").update(interruption_rate_per_hour=30.0)
     assert selectors.market_review(job) is None
+
+
+def test_an_on_demand_job_behind_its_plan_returns_to_spot_once_the_pool_has_held_long_enough(
+    catalogue: Any, alice: Any
+) -> None:
+    pools = catalogue["pools"]
+    job = submit(alice, catalogue, tolerance="aggressive", expected_hours=10.0)
+    # 10 h of work left, 20 h to a deadline set 30 h ago: behind its plan, with 10 h of slack.
+    now = timezone.now()
+    job = running(
+        job,
+        pools["t4_od"],
+        created_at=now - timedelta(hours=10),
+        deadline=now + timedelta(hours=20),
+    )
+    spot = CapacityPool.objects.filter(market="spot")
+
+    spot.update(last_preempted_at=now - timedelta(minutes=1))
+    situation = selectors.market_situation(job, selectors.prospects(job))
+    assert situation.spot_available and situation.spot_available_hours == pytest.approx(
+        1 / 60, abs=0.01
+    )
+    assert decide_market(situation).rule == "spot_too_recent"
+    assert selectors.market_review(job) is None  # a spell of a minute: it stays on on-demand
+
+    spot.update(last_preempted_at=now - timedelta(days=1))
+    decision = selectors.market_review(job)
+    assert decision is not None and decision.market == "spot"
+
+    spot.update(last_preempted_at=None)  # never preempted: nothing holds it back
+    decision = selectors.market_review(job)
+    assert decision is not None and decision.market == "spot"
 
 
 def test_a_spot_job_whose_slack_is_gone_is_told_to_move_to_on_demand(

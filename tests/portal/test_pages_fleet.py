@@ -5,10 +5,12 @@ switch, which the beat tick obeys."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from costs.models import SpotPoolHistory
 from migration import market_tick
@@ -50,14 +52,17 @@ def test_the_fleet_groups_pools_and_says_where_rates_come_from(
         interruption_rate_per_hour=0.5,
         borrowed_from=["V100-16GB in us-west-2"],
     )
+    pools["t4_spot"].last_preempted_at = timezone.now() - timedelta(minutes=5)
+    pools["t4_spot"].save()
     client.force_login(make_user("ops", staff=True))
 
     page = client.get("/fleet/").content.decode()
 
     assert "<strong>T4</strong>" in page and "<strong>V100-16GB</strong>" in page
-    assert '<tr class="group"><th colspan="5">us-east-1</th></tr>' in page
+    assert '<tr class="group"><th colspan="6">us-east-1</th></tr>' in page
     assert "0.250" in page and ">history</span>" in page
     assert ">borrowed</span>" in page and "V100-16GB in us-west-2" in page
+    assert ">5\xa0minutes ago</time>" in page  # when the T4 spot pool last took one back
 
 
 def test_the_fleet_page_costs_a_fixed_number_of_queries(
