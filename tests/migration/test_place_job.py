@@ -319,6 +319,15 @@ def running(job: Job, pool: CapacityPool, **fields: Any) -> Job:
     return job
 
 
+def running_behind_plan(job: Job, pool: CapacityPool) -> Job:
+    """Running in `pool` behind its uniform plan, with 10 h of slack: 10 h of work left (of 10)
+    and 20 h to a deadline set 30 h ago."""
+    now = timezone.now()
+    return running(
+        job, pool, created_at=now - timedelta(hours=10), deadline=now + timedelta(hours=20)
+    )
+
+
 def test_a_spot_job_on_plan_stays_on_spot_while_other_spot_pools_are_full(
     catalogue: Any, alice: Any
 ) -> None:
@@ -327,15 +336,9 @@ def test_a_spot_job_on_plan_stays_on_spot_while_other_spot_pools_are_full(
     services.place_job(job.pk)
     fill(pools["t4_spot"], capacity=1)  # the job's own instance is the pool's last slot
     fill(pools["t4_spot_west"], pools["a10g_spot"])
-    # Behind its uniform plan (10 h of work, 20 h left of a 30 h window) but running on spot:
-    # the pool it holds is spot with room, so nothing calls for on-demand.
-    now = timezone.now()
-    job = running(
-        job,
-        pools["t4_spot"],
-        created_at=now - timedelta(hours=10),
-        deadline=now + timedelta(hours=20),
-    )
+    # Behind its plan but running on spot: the pool it holds is spot with room, so nothing
+    # calls for on-demand.
+    job = running_behind_plan(job, pools["t4_spot"])
 
     assert selectors.market_review(job) is None
 
@@ -366,14 +369,8 @@ def test_an_on_demand_job_behind_its_plan_returns_to_spot_once_the_pool_has_held
 ) -> None:
     pools = catalogue["pools"]
     job = submit(alice, catalogue, tolerance="aggressive", expected_hours=10.0)
-    # 10 h of work left, 20 h to a deadline set 30 h ago: behind its plan, with 10 h of slack.
+    job = running_behind_plan(job, pools["t4_od"])
     now = timezone.now()
-    job = running(
-        job,
-        pools["t4_od"],
-        created_at=now - timedelta(hours=10),
-        deadline=now + timedelta(hours=20),
-    )
     spot = CapacityPool.objects.filter(market="spot")
 
     spot.update(last_preempted_at=now - timedelta(minutes=1))
