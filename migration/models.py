@@ -200,9 +200,10 @@ class CapacityPool(models.Model):
     # shows a realistic provisioning phase; BATON_PROVISIONING_DELAY_S overrides every pool.
     provisioning_delay_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.0)])
     enabled = models.BooleanField(default=True)
-    # When the pool last took back one of its spot instances (a final notice or a reclaim): the
-    # spell of spot room that the deadline rule weighs before a job returns to spot began then
-    # (decision 052). Null: none seen, so no job is held back on its account.
+    # When the market last took back one of the pool's spot instances (the instance action in its
+    # metadata, or the reclaim after it; not Baton's own moves): the spell of spot room that the
+    # deadline rule weighs before a job returns to spot began then (decision 052). Null: none
+    # seen, so no job is held back on its account.
     last_preempted_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = CapacityPoolQuerySet.as_manager()

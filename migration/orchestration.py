@@ -332,7 +332,8 @@ def on_notice(job: Job, instance: Instance, level: str, deadline: str | None, so
         data["target"] = _pre_reserve(job, migration)
         record_event(job, TimelineKind.NOTICE_ADVANCE, data, migration=migration)
         return
-    _spot_taken_back(instance)
+    if source == "imds":  # not a stop signal: Baton's own stops and cancels send those
+        _spot_taken_back(instance, migration)
     if _has_event(migration, TimelineKind.NOTICE_FINAL):
         return
     _broadcast_notice(job, migration, instance, final=True, deadline=deadline)
@@ -349,10 +350,13 @@ def on_notice(job: Job, instance: Instance, level: str, deadline: str | None, so
     )
 
 
-def _spot_taken_back(instance: Instance) -> None:
-    """The instance's pool takes it back (a final notice, a reclaim): if it is a spot pool, its
-    spell of spot room starts again now, which a job behind its plan waits out before it leaves
-    on-demand for this pool (decision 052)."""
+def _spot_taken_back(instance: Instance, migration: Migration | None) -> None:
+    """The market takes the instance back (the instance action in its metadata, or the reclaim
+    that follows it), not Baton moving the job (a planned migration's stop also ends in notices
+    and reclaims): if its pool is spot, the pool's spell of spot room starts again now, which a
+    job behind its plan waits out before it leaves on-demand for this pool (decision 052)."""
+    if migration is not None and migration.trigger != MigrationTrigger.INTERRUPTION:
+        return
     CapacityPool.objects.filter(pk=instance.pool_id, market=Market.SPOT).update(
         last_preempted_at=timezone.now()
     )
@@ -462,7 +466,7 @@ def instance_gone(job: Job, instance: Instance, reason: str) -> None:
     rank of its gang is gone."""
     failed = reason in ("lost", "start_failed")
     if reason == "reclaimed":
-        _spot_taken_back(instance)
+        _spot_taken_back(instance, open_migration(job))
     # An agent that exited still sends its last lines: its token goes with the sweep. What
     # the cloud takes (reclaimed) or what went silent is ended at once.
     end_instance(

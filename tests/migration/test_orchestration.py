@@ -337,17 +337,14 @@ def test_a_staff_interrupt_schedules_both_notices_and_refuses_what_is_not_runnin
 def test_a_spot_job_whose_deadline_is_at_risk_moves_to_on_demand(
     catalogue: Any, alice: Any, backend: Recorder
 ) -> None:
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     from migration import sweeps
 
     relaxed, _ = running_job(alice, catalogue, backend)
     job = submit(alice, catalogue, total_steps=1000, expected_hours=10.0)
     services.place_job(job.pk)
     orchestration.start_job(job.pk)
-    Agent(agents_of(job)[0]).send("self_check", ok=True)
+    agent = Agent(agents_of(job)[0])
+    agent.send("self_check", ok=True)
     # Ten hours of work left and ten hours and a minute to the deadline: no room for restarts.
     Job.objects.filter(pk=job.pk).update(deadline=timezone.now() + timedelta(hours=10, minutes=1))
 
@@ -359,6 +356,11 @@ def test_a_spot_job_whose_deadline_is_at_risk_moves_to_on_demand(
     notice = TimelineEvent.objects.get(job=job, kind="notice_final")
     assert notice.data["source"] == "policy" and "Deadline" in notice.data["reason"]
     assert not Migration.objects.filter(job=relaxed).exists()  # no deadline: never reviewed
+    # Baton's own stop is not the market taking the instance back: the spot pool's spell goes on.
+    agent.send("notice", level="final", source="sigterm")
+    agent.send("notice", level="final", source="imds")  # as a gang's other ranks would see it
+    assert job.market == "spot"
+    assert CapacityPool.objects.get(pk=job.pool_id).last_preempted_at is None
 
 
 def test_a_new_instance_reclaimed_before_its_restore_is_judged_starts_again_from_its_checkpoint(
