@@ -4,6 +4,7 @@ switch, which the beat tick obeys."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -54,6 +55,8 @@ def test_the_fleet_groups_pools_and_says_where_rates_come_from(
     )
     pools["t4_spot"].last_preempted_at = timezone.now() - timedelta(minutes=5)
     pools["t4_spot"].save()
+    pools["a10g_spot"].last_preempted_at = timezone.now() - timedelta(seconds=20)
+    pools["a10g_spot"].save()
     client.force_login(make_user("ops", staff=True))
 
     page = client.get("/fleet/").content.decode()
@@ -63,6 +66,7 @@ def test_the_fleet_groups_pools_and_says_where_rates_come_from(
     assert "0.250" in page and ">history</span>" in page
     assert ">borrowed</span>" in page and "V100-16GB in us-west-2" in page
     assert ">5\xa0minutes ago</time>" in page  # when the T4 spot pool last took one back
+    assert re.search(r">2\d\xa0seconds ago</time>", page)  # the A10G's, 20 s ago: not "0 minutes"
 
 
 def test_the_fleet_page_costs_a_fixed_number_of_queries(
