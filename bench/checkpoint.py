@@ -717,12 +717,14 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     # Either the job is in its first checkpoint interval (one save before, after which the
     # SDK reserved room in the store for the next save to write over), or it has run for a
     # while: it saved twice and retention collected the older checkpoint, whose chunk files
-    # the store recycled for later saves to write over.
-    def emergency(collected: bool) -> float:
+    # the store recycled for later saves to write over. Or it has not saved yet (a job
+    # interrupted early on a new instance): the SDK reserved room at its first step.
+    def emergency(saves: str) -> float:
         store = LocalStore(fresh(store_dir))
         ckpt = Checkpointer(store, job="bench", every_seconds=None, every_steps=None)
-        ckpt.save(0, state)
-        if collected:
+        if saves != "none":
+            ckpt.save(0, state)
+        if saves == "collected":
             ckpt.wait()  # and its reservation, long done in a job that ran for a while
             touch_every_chunk(state)
             ckpt.save(1, state)
@@ -765,8 +767,9 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         {
             **raw_writes(flat, work),
             "raw after steps": raw_way(flat, way, work / "raw.bin", train_after_previous_write),
-            "emergency": functools.partial(emergency, collected=True),
-            "emergency, first interval": functools.partial(emergency, collected=False),
+            "emergency": functools.partial(emergency, "collected"),
+            "emergency, first interval": functools.partial(emergency, "one"),
+            "emergency, before a save": functools.partial(emergency, "none"),
         },
         repeat,
     )
@@ -782,6 +785,7 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     for name, title in (
         ("emergency", "Baton emergency save (SIGTERM -> commit), older checkpoints collected"),
         ("emergency, first interval", "Baton emergency save in a job's first interval"),
+        ("emergency, before a save", "Baton emergency save before a job's first checkpoint"),
     ):
         spread = ratios(result[name], result["raw after steps"])
         row(

@@ -53,7 +53,7 @@ from .errors import CorruptChunk, CorruptManifest, SaveCancelled, StoreConfigErr
 from .local import LocalStore
 from .manifest import EMERGENCY, FINAL, PERIODIC, ManifestRef, check_job
 from .report import AgentReporter
-from .snapshot import BufferPool, FrozenCache, Snapshot, pack_limit_for
+from .snapshot import BufferPool, FrozenCache, Snapshot, pack_limit_for, state_nbytes
 from .store import Checkpoint, SaveResult, Store, lower_thread_priority
 from .tiers import LOCAL_STORE_ENV, Uploader, checkpoint_event, open_local_tier
 from .urls import open_store
@@ -221,8 +221,10 @@ class Checkpointer:
         self._job: _PersistJob | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
-        # Room for the emergency save, prepared once after the first save (`_start_reserving`).
+        # Room for the saves that find nothing to recycle: prepared at the first step, for the
+        # first save, and once more after the first save, for the next one (`_start_reserving`).
         self._reserver: threading.Thread | None = None
+        self._reserved_after_save = False
         self._stop_reserving = threading.Event()
         self._previous_handlers: dict[int, Any] = {}
         if install_signal_handlers:
@@ -437,6 +439,8 @@ class Checkpointer:
             self._handle_final(step, state, extra, val_loss)
             return True
         self._report_progress(step)
+        if self._reserver is None and self.last_committed is None:
+            self._reserve_for_first_save(state)
         advance = self._advance_pending
         if advance:
             self._advance_pending = False
@@ -643,8 +647,12 @@ class Checkpointer:
                 self._frozen.remember(source.frozen, result.manifest.tensors[source.name]["chunks"])
         self.last_committed = result
         self._parent = result.ref
-        if self._reserver is None and job.kind != EMERGENCY:
-            self._start_reserving(job.snapshot)
+        if not self._reserved_after_save and job.kind != EMERGENCY:
+            self._reserved_after_save = True
+            # The tensors already frozen in the store are not counted: the next save skips them.
+            self._start_reserving(
+                sum(source.nbytes for source in job.snapshot.tensors if source.frozen is None)
+            )
         logger.info(
             "committed %s step=%d kind=%s bytes_new=%d bytes_total=%d%s",
             result.ref.key,
@@ -658,15 +666,28 @@ class Checkpointer:
             self.reporter.post("checkpoint", checkpoint_event(result.manifest))
         return result
 
-    def _start_reserving(self, snapshot: Snapshot) -> None:
-        """Prepare room in the store for an emergency save of this state, in the background at
-        low priority: files its chunks can be written over (`Store.reserve`), so that an
-        emergency save early in the job does not allocate new blocks inside the notice's window.
-        Once per Checkpointer (later, gc recycles the chunks of collected checkpoints); the
-        tensors already frozen in the store are not counted, as the emergency save skips them."""
-        nbytes = sum(source.nbytes for source in snapshot.tensors if source.frozen is None)
+    def _reserve_for_first_save(self, state: object) -> None:
+        """At a job's first step, before it has saved: room for all of the state, so that a
+        first save, and an emergency save before it (a job interrupted early on a new
+        instance), write over blocks the store already holds (decision 055, twenty-sixth pass)."""
+        try:
+            nbytes = state_nbytes(state)
+        except StoreError:  # the save will say what cannot be checkpointed
+            return
+        self._start_reserving(nbytes)
+
+    def _start_reserving(self, nbytes: int) -> None:
+        """Prepare room in the store for `nbytes` of a later save, in the background at low
+        priority: files its chunks can be written over (`Store.reserve`), so that a save with
+        nothing recycled yet, an emergency save in particular, does not allocate new blocks
+        inside the notice's window. After the first save gc recycles the chunks of collected
+        checkpoints instead. A reservation runs after the one before it; an emergency save and
+        `close()` stop them between files."""
+        previous = self._reserver
 
         def run() -> None:
+            if previous is not None:
+                previous.join()
             lower_thread_priority()
             try:
                 reserved = self.store.reserve(nbytes, stop=self._stop_reserving.is_set)
@@ -681,8 +702,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Wait for the persist in flight, if any (with two tiers: the local write;
-        `uploader.drain()` waits for the upload), and for the room reserved after the first
-        save."""
+        `uploader.drain()` waits for the upload), and for the room being reserved."""
         self._wait_idle()
         if self._reserver is not None:
             self._reserver.join()

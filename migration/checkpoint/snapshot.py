@@ -397,6 +397,17 @@ class Snapshot:
         )
 
 
+def state_nbytes(state: object) -> int:
+    """The bytes of the tensors in `state`, read from their descriptions: nothing is copied,
+    and a tensor on a GPU stays there."""
+    encoder = _Encoder()
+    encoder.encode(state, "state")
+    return sum(
+        value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
+        for value in encoder.tensors.values()
+    )
+
+
 def _describe(name: str, value: Any) -> tuple[TensorSource, memoryview, np.ndarray | None]:
     """The source description, a flat byte view and (for numpy) the array of one tensor."""
     if isinstance(value, np.ndarray):

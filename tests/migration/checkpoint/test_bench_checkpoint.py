@@ -136,10 +136,12 @@ def test_the_emergency_save_is_judged_against_the_raw_write_in_its_own_place(
         stdout,
         "raw after steps",
     )
-    # In a job whose older checkpoints retention collected, and in a job's first interval.
+    # In a job whose older checkpoints retention collected, in a job's first interval, and
+    # before its first checkpoint.
     for title in (
         r"Baton emergency save \(SIGTERM -> commit\), older checkpoints collected",
         r"Baton emergency save in a job's first interval",
+        r"Baton emergency save before a job's first checkpoint",
     ):
         found = re.search(
             rf"{title}\s+20 MiB\s+\d\.\d+\s+\d+\.\d\d GiB/s\s+"

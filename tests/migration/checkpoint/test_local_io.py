@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from migration.checkpoint import CorruptChunk, LocalStore
+from migration.checkpoint import CorruptChunk, LocalStore, SaveResult, StoreError
 from migration.checkpoint import local as local_module
 from migration.checkpoint.snapshot import Gathered
 
@@ -543,5 +543,82 @@ def test_a_checkpointer_reserves_room_for_its_emergency_save_after_its_first_sav
     }
     assert chunk_inodes(store, written) == reserved
     assert_same_state(state, store.load(result.ref).state)
+    ckpt.close()
+    store.close()
+
+
+def whole_chunks(result: SaveResult, store: LocalStore) -> dict[str, int]:
+    """The chunks of a save's trained tensor that fill a whole chunk file."""
+    return {
+        chunk: size
+        for chunk, size in result.manifest.tensors["state/w"]["chunks"]
+        if size == store.chunk_size
+    }
+
+
+def test_a_checkpointer_reserves_room_at_its_first_step_for_a_save_before_its_first_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from migration.checkpoint.sdk import Checkpointer
+
+    store = direct_store(tmp_path)
+    ckpt = Checkpointer(store, job="job-1", every_seconds=None, install_signal_handlers=False)
+    state = unaligned_state(3)
+    assert not ckpt.maybe_save(1, state)  # not due: no checkpoint, but the room is prepared
+    ckpt.wait()
+    reserved = {path.stat().st_ino for path in recycled(store)}
+    assert len(reserved) == 3  # the state's whole chunks
+    assert not ckpt.maybe_save(2, state)  # once: no second reservation before a save
+    ckpt.wait()
+    assert len(recycled(store)) == 3
+
+    # Interrupted before its first checkpoint: the emergency save writes over that room.
+    state["w"] += 1
+    result = ckpt.emergency_save(3, state)
+    assert chunk_inodes(store, whole_chunks(result, store)) == reserved
+    assert recycled(store) == []
+    assert_same_state(state, store.load(result.ref).state)
+    ckpt.close()
+    store.close()
+
+
+def test_after_the_first_save_written_over_the_room_a_checkpointer_reserves_again(
+    tmp_path: Path,
+) -> None:
+    from migration.checkpoint.sdk import Checkpointer
+
+    store = direct_store(tmp_path)
+    ckpt = Checkpointer(store, job="job-1", every_steps=2, install_signal_handlers=False)
+    state = unaligned_state(3)
+    ckpt.maybe_save(1, state)
+    ckpt.wait()
+    first_room = {path.stat().st_ino for path in recycled(store)}
+    state["w"] += 1
+    assert ckpt.maybe_save(2, state)  # due: the first save, asynchronous
+    ckpt.wait()  # its persist and the reservation after it
+    first = ckpt.last_committed
+    assert first is not None
+    assert chunk_inodes(store, whole_chunks(first, store)) == first_room
+    second_room = {path.stat().st_ino for path in recycled(store)}
+    assert len(second_room) == 3 and not second_room & first_room
+
+    state["w"] += 1
+    result = ckpt.emergency_save(3, state)
+    assert chunk_inodes(store, whole_chunks(result, store)) == second_room
+    ckpt.close()
+    store.close()
+
+
+def test_a_state_that_cannot_be_checkpointed_is_reported_by_the_save_not_the_first_step(
+    tmp_path: Path,
+) -> None:
+    from migration.checkpoint.sdk import Checkpointer
+
+    store = direct_store(tmp_path)
+    ckpt = Checkpointer(store, job="job-1", every_steps=2, install_signal_handlers=False)
+    state = {"w": np.zeros(4, np.float32), "opt": object()}
+    assert not ckpt.maybe_save(1, state)  # nothing to reserve from, nothing raised
+    with pytest.raises(StoreError, match="cannot checkpoint a value of type object"):
+        ckpt.maybe_save(2, state)
     ckpt.close()
     store.close()

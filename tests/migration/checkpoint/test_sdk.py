@@ -209,6 +209,17 @@ def test_a_copying_capture_holds_the_state_as_it_was(
         assert data is not None and bytes(data) == value.tobytes()
 
 
+def test_the_size_of_a_state_is_what_a_save_captures_without_copying_it() -> None:
+    torch = pytest.importorskip("torch")
+    state = {
+        "w": np.zeros((3, 5), np.float32),
+        "layers": [torch.ones(7, dtype=torch.bfloat16), (np.int64(4), b"opaque")],
+        "step": 12,
+    }
+    expected = Snapshot.capture(state, copy=False, small_limit=0, pack_limit=0).bytes_total
+    assert snapshot_module.state_nbytes(state) == 3 * 5 * 4 + 7 * 2 + 8 == expected
+
+
 def test_a_forked_child_captures_with_copiers_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     # A child forked after a capture has none of its parent's helper threads: work handed to
     # them would never run, and its first capture would wait forever.
