@@ -3,17 +3,21 @@ through the staging ring or through the page cache, and the hash check of what i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from migration.checkpoint import CorruptChunk, LocalStore, SaveResult, StoreError
 from migration.checkpoint import local as local_module
+from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Gathered
 
 from .conftest import temporaries
@@ -274,8 +278,6 @@ def test_a_restore_reads_into_page_aligned_buffers_and_matches(tmp_path: Path) -
 
 
 def test_a_checkpointer_starts_its_stores_threads_before_any_save(tmp_path: Path) -> None:
-    from migration.checkpoint.sdk import Checkpointer
-
     store = LocalStore(tmp_path / "store")
     before = set(threading.enumerate())
     ckpt = Checkpointer(store, job="job", install_signal_handlers=False)
@@ -519,34 +521,6 @@ def test_a_store_writing_through_the_page_cache_reserves_nothing(tmp_path: Path)
     store.close()
 
 
-def test_a_checkpointer_reserves_room_for_its_emergency_save_after_its_first_save(
-    tmp_path: Path,
-) -> None:
-    from migration.checkpoint.sdk import Checkpointer
-
-    store = direct_store(tmp_path)
-    ckpt = Checkpointer(store, job="job-1", every_seconds=None, install_signal_handlers=False)
-    frozen = np.ones(2 * 1024 * 1024, np.uint8)
-    frozen.flags.writeable = False  # a frozen base: the emergency save will not write it again
-    state = {**unaligned_state(3), "base": frozen}
-    ckpt.save(1, state)
-    ckpt.wait()  # the reservation too
-    reserved = {path.stat().st_ino for path in recycled(store)}
-    assert len(reserved) == 3  # the trained tensor's whole chunks, not the frozen base's
-
-    state["w"] += 1
-    result = ckpt.emergency_save(2, state)
-    written = {
-        chunk: size
-        for chunk, size in result.manifest.tensors["state/w"]["chunks"]
-        if size == store.chunk_size
-    }
-    assert chunk_inodes(store, written) == reserved
-    assert_same_state(state, store.load(result.ref).state)
-    ckpt.close()
-    store.close()
-
-
 def whole_chunks(result: SaveResult, store: LocalStore) -> dict[str, int]:
     """The chunks of a save's trained tensor that fill a whole chunk file."""
     return {
@@ -556,69 +530,87 @@ def whole_chunks(result: SaveResult, store: LocalStore) -> dict[str, int]:
     }
 
 
+def emergency_save_over(
+    ckpt: Checkpointer, store: LocalStore, state: dict[str, np.ndarray], step: int, room: set[int]
+) -> None:
+    """Change every chunk of the trained tensor `w`, save an emergency checkpoint, and check that
+    its whole chunks were written over the files `room` (their inodes) and read back intact."""
+    state["w"] += 1
+    result = ckpt.emergency_save(step, state)
+    assert chunk_inodes(store, whole_chunks(result, store)) == room
+    assert_same_state(state, store.load(result.ref).state)
+
+
+@contextlib.contextmanager
+def checkpointer(tmp_path: Path, **options: Any) -> Iterator[tuple[LocalStore, Checkpointer]]:
+    """A Checkpointer of job `job-1` over a store written with O_DIRECT, both closed after."""
+    store = direct_store(tmp_path)
+    ckpt = Checkpointer(store, job="job-1", install_signal_handlers=False, **options)
+    try:
+        yield store, ckpt
+    finally:
+        ckpt.close()
+        store.close()
+
+
+def test_a_checkpointer_reserves_room_for_its_emergency_save_after_its_first_save(
+    tmp_path: Path,
+) -> None:
+    with checkpointer(tmp_path, every_seconds=None) as (store, ckpt):
+        frozen = np.ones(2 * 1024 * 1024, np.uint8)
+        frozen.flags.writeable = False  # a frozen base: the emergency save will not write it again
+        state = {**unaligned_state(3), "base": frozen}
+        ckpt.save(1, state)
+        ckpt.wait()  # the reservation too
+        reserved = {path.stat().st_ino for path in recycled(store)}
+        assert len(reserved) == 3  # the trained tensor's whole chunks, not the frozen base's
+
+        emergency_save_over(ckpt, store, state, 2, reserved)
+
+
 def test_a_checkpointer_reserves_room_at_its_first_step_for_a_save_before_its_first_checkpoint(
     tmp_path: Path,
 ) -> None:
-    from migration.checkpoint.sdk import Checkpointer
+    with checkpointer(tmp_path, every_seconds=None) as (store, ckpt):
+        state = unaligned_state(3)
+        assert not ckpt.maybe_save(1, state)  # not due: no checkpoint, but the room is prepared
+        ckpt.wait()
+        reserved = {path.stat().st_ino for path in recycled(store)}
+        assert len(reserved) == 3  # the state's whole chunks
+        assert not ckpt.maybe_save(2, state)  # once: no second reservation before a save
+        ckpt.wait()
+        assert len(recycled(store)) == 3
 
-    store = direct_store(tmp_path)
-    ckpt = Checkpointer(store, job="job-1", every_seconds=None, install_signal_handlers=False)
-    state = unaligned_state(3)
-    assert not ckpt.maybe_save(1, state)  # not due: no checkpoint, but the room is prepared
-    ckpt.wait()
-    reserved = {path.stat().st_ino for path in recycled(store)}
-    assert len(reserved) == 3  # the state's whole chunks
-    assert not ckpt.maybe_save(2, state)  # once: no second reservation before a save
-    ckpt.wait()
-    assert len(recycled(store)) == 3
-
-    # Interrupted before its first checkpoint: the emergency save writes over that room.
-    state["w"] += 1
-    result = ckpt.emergency_save(3, state)
-    assert chunk_inodes(store, whole_chunks(result, store)) == reserved
-    assert recycled(store) == []
-    assert_same_state(state, store.load(result.ref).state)
-    ckpt.close()
-    store.close()
+        # Interrupted before its first checkpoint: the emergency save writes over that room.
+        emergency_save_over(ckpt, store, state, 3, reserved)
+        assert recycled(store) == []
 
 
 def test_after_the_first_save_written_over_the_room_a_checkpointer_reserves_again(
     tmp_path: Path,
 ) -> None:
-    from migration.checkpoint.sdk import Checkpointer
+    with checkpointer(tmp_path, every_steps=2) as (store, ckpt):
+        state = unaligned_state(3)
+        ckpt.maybe_save(1, state)
+        ckpt.wait()
+        first_room = {path.stat().st_ino for path in recycled(store)}
+        state["w"] += 1
+        assert ckpt.maybe_save(2, state)  # due: the first save, asynchronous
+        ckpt.wait()  # its persist and the reservation after it
+        first = ckpt.last_committed
+        assert first is not None
+        assert chunk_inodes(store, whole_chunks(first, store)) == first_room
+        second_room = {path.stat().st_ino for path in recycled(store)}
+        assert len(second_room) == 3 and not second_room & first_room
 
-    store = direct_store(tmp_path)
-    ckpt = Checkpointer(store, job="job-1", every_steps=2, install_signal_handlers=False)
-    state = unaligned_state(3)
-    ckpt.maybe_save(1, state)
-    ckpt.wait()
-    first_room = {path.stat().st_ino for path in recycled(store)}
-    state["w"] += 1
-    assert ckpt.maybe_save(2, state)  # due: the first save, asynchronous
-    ckpt.wait()  # its persist and the reservation after it
-    first = ckpt.last_committed
-    assert first is not None
-    assert chunk_inodes(store, whole_chunks(first, store)) == first_room
-    second_room = {path.stat().st_ino for path in recycled(store)}
-    assert len(second_room) == 3 and not second_room & first_room
-
-    state["w"] += 1
-    result = ckpt.emergency_save(3, state)
-    assert chunk_inodes(store, whole_chunks(result, store)) == second_room
-    ckpt.close()
-    store.close()
+        emergency_save_over(ckpt, store, state, 3, second_room)
 
 
 def test_a_state_that_cannot_be_checkpointed_is_reported_by_the_save_not_the_first_step(
     tmp_path: Path,
 ) -> None:
-    from migration.checkpoint.sdk import Checkpointer
-
-    store = direct_store(tmp_path)
-    ckpt = Checkpointer(store, job="job-1", every_steps=2, install_signal_handlers=False)
-    state = {"w": np.zeros(4, np.float32), "opt": object()}
-    assert not ckpt.maybe_save(1, state)  # nothing to reserve from, nothing raised
-    with pytest.raises(StoreError, match="cannot checkpoint a value of type object"):
-        ckpt.maybe_save(2, state)
-    ckpt.close()
-    store.close()
+    with checkpointer(tmp_path, every_steps=2) as (_, ckpt):
+        state = {"w": np.zeros(4, np.float32), "opt": object()}
+        assert not ckpt.maybe_save(1, state)  # nothing to reserve from, nothing raised
+        with pytest.raises(StoreError, match="cannot checkpoint a value of type object"):
+            ckpt.maybe_save(2, state)
