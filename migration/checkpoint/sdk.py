@@ -224,6 +224,7 @@ class Checkpointer:
         # Room for the saves that find nothing to recycle: prepared at the first step, for the
         # first save, and once more after the first save, for the next one (`_start_reserving`).
         self._reserver: threading.Thread | None = None
+        self._reserved_at_first_step = False
         self._reserved_after_save = False
         self._stop_reserving = threading.Event()
         self._previous_handlers: dict[int, Any] = {}
@@ -439,7 +440,7 @@ class Checkpointer:
             self._handle_final(step, state, extra, val_loss)
             return True
         self._report_progress(step)
-        if self._reserver is None and self.last_committed is None:
+        if not self._reserved_at_first_step:
             self._reserve_for_first_save(state)
         advance = self._advance_pending
         if advance:
@@ -669,7 +670,11 @@ class Checkpointer:
     def _reserve_for_first_save(self, state: object) -> None:
         """At a job's first step, before it has saved: room for all of the state, so that a
         first save, and an emergency save before it (a job interrupted early on a new
-        instance), write over blocks the store already holds (decision 055, twenty-sixth pass)."""
+        instance), write over blocks the store already holds (decision 055, twenty-sixth pass).
+        Once, and not after a save: that save's own reservation follows it."""
+        self._reserved_at_first_step = True
+        if self.last_committed is not None:
+            return
         try:
             nbytes = state_nbytes(state)
         except StoreError:  # the save will say what cannot be checkpointed

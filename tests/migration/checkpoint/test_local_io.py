@@ -17,6 +17,7 @@ import pytest
 
 from migration.checkpoint import CorruptChunk, LocalStore, SaveResult, StoreError
 from migration.checkpoint import local as local_module
+from migration.checkpoint import sdk as sdk_module
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Gathered
 
@@ -607,10 +608,20 @@ def test_after_the_first_save_written_over_the_room_a_checkpointer_reserves_agai
 
 
 def test_a_state_that_cannot_be_checkpointed_is_reported_by_the_save_not_the_first_step(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with checkpointer(tmp_path, every_steps=2) as (_, ckpt):
+    sized: list[object] = []
+
+    def state_nbytes(state: object) -> int:
+        sized.append(state)
+        return real_state_nbytes(state)
+
+    real_state_nbytes = sdk_module.state_nbytes
+    monkeypatch.setattr(sdk_module, "state_nbytes", state_nbytes)
+    with checkpointer(tmp_path, every_steps=4) as (_, ckpt):
         state = {"w": np.zeros(4, np.float32), "opt": object()}
         assert not ckpt.maybe_save(1, state)  # nothing to reserve from, nothing raised
+        assert not ckpt.maybe_save(2, state)
+        assert len(sized) == 1  # looked at once, not at every step
         with pytest.raises(StoreError, match="cannot checkpoint a value of type object"):
-            ckpt.maybe_save(2, state)
+            ckpt.maybe_save(4, state)
