@@ -42,8 +42,9 @@ maximum, so a noisy neighbour shows as spread instead of skewing one side:
 - asynchronous checkpointing: training steps per second of a numpy MLP in paired blocks, one
   with a checkpoint every few seconds and one without, the median of the pairs' ratios with its
   90% interval (and the same from the training thread's CPU time, which a busy machine
-  disturbs less); more pairs are measured, up to --async-max-pairs, while that interval
-  straddles the 2 % target.
+  disturbs less, and the pause at each checkpoint while the state is captured: the part of
+  the cost the loop pays at once); more pairs are measured, up to --async-max-pairs, while
+  that interval straddles the 2 % target.
 
 `--sweep` adds the measurements behind docs/decisions/001 and 002 (hash, chunk size).
 Torch, DCP and safetensors rows are skipped when those packages are missing.
@@ -1014,21 +1015,21 @@ def bench_async(
         store, job="async", every_steps=None, every_seconds=None, install_signal_handlers=False
     )
 
-    def block(intervals: int, steps: int, checkpoint: bool) -> tuple[float, float]:
-        """Wall seconds, and CPU seconds of the training thread, of one block (its last
-        persist waited for)."""
+    def block(intervals: int, steps: int, checkpoint: bool) -> tuple[float, float, float]:
+        """Wall seconds and CPU seconds of the training thread of one block (its last persist
+        waited for), and of its wall seconds those in the steps that captured a checkpoint."""
         started, cpu = time.perf_counter(), time.thread_time()
-        loop.block(ckpt, intervals, steps, checkpoint=checkpoint)
+        paused = loop.block(ckpt, intervals, steps, checkpoint=checkpoint).blocked
         ckpt.wait()
-        return time.perf_counter() - started, time.thread_time() - cpu
+        return time.perf_counter() - started, time.thread_time() - cpu, paused
 
     block(1, 50, True)
     rate = 300 / block(1, 300, False)[0]
     steps = max(10, round(rate * interval_s))
     block(1, steps, False)
     block(1, steps, True)
-    plain: list[tuple[float, float]] = []
-    with_ckpt: list[tuple[float, float]] = []
+    plain: list[tuple[float, float, float]] = []
+    with_ckpt: list[tuple[float, float, float]] = []
 
     def costs(kind: int) -> list[float]:
         # Per pair: 1 - throughput with / without = 1 - seconds without / seconds with.
@@ -1079,6 +1080,17 @@ def bench_async(
         None,
         "",
         f"cost {cost(1)[1]}",
+    )
+    # The part of the cost the loop pays at the step that starts a checkpoint (the copy of
+    # the state); the rest is what the persist running beside the loop takes from it.
+    pauses = Spread([c[2] / per_block * 1000 for c in with_ckpt])
+    shares = Spread([c[2] / c[0] * 100 for c in with_ckpt])
+    row(
+        "  of it, the pause at each checkpoint (the state's capture)",
+        label,
+        None,
+        "",
+        f"{pauses.summary(' ms')} per checkpoint, {shares.summary('%')} of the time",
     )
     fresh(work / "async")
 

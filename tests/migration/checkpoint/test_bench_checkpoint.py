@@ -48,6 +48,18 @@ def test_the_async_section_judges_its_target_by_the_interval_of_the_median(
         assert verdict.startswith("not judged")
     else:
         assert verdict in ("met", "MISSED") or verdict.startswith("not judged")
+    # Of the cost, the pause at each checkpoint: capturing the state takes time, and a part
+    # of the time with checkpoints.
+    found = re.search(
+        r"the pause at each checkpoint \(the state's capture\)\s+8 MiB state\s+"
+        r"(\d+\.\d\d) ms \((\d+\.\d\d)-(\d+\.\d\d)\) per checkpoint, "
+        r"(\d+\.\d\d)% \((\d+\.\d\d)-(\d+\.\d\d)\) of the time",
+        out.stdout,
+    )
+    assert found, out.stdout
+    pause, least, most, share, low_share, high_share = (float(g) for g in found.groups())
+    assert 0 < least <= pause <= most
+    assert 0 < low_share <= share <= high_share < 100
     assert list(tmp_path.iterdir()) == []  # the scratch folder is left as it was
 
 
