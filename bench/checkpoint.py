@@ -42,9 +42,9 @@ maximum, so a noisy neighbour shows as spread instead of skewing one side:
 - asynchronous checkpointing: training steps per second of a numpy MLP in paired blocks, one
   with a checkpoint every few seconds and one without, the median of the pairs' ratios with its
   90% interval (and the same from the training thread's CPU time, which a busy machine
-  disturbs less, and the pause at each checkpoint while the state is captured: the part of
-  the cost the loop pays at once); more pairs are measured, up to --async-max-pairs, while
-  that interval straddles the 2 % target.
+  disturbs less, and the pause at each checkpoint while the state is copied and its reference
+  loss taken: the part of the cost the loop pays at once); more pairs are measured, up to
+  --async-max-pairs, while that interval straddles the 2 % target.
 
 `--sweep` adds the measurements behind docs/decisions/001 and 002 (hash, chunk size).
 Torch, DCP and safetensors rows are skipped when those packages are missing.
@@ -1082,11 +1082,12 @@ def bench_async(
         f"cost {cost(1)[1]}",
     )
     # The part of the cost the loop pays at the step that starts a checkpoint (the copy of
-    # the state); the rest is what the persist running beside the loop takes from it.
+    # the state and the validation loss recorded as its reference); the rest is what the
+    # persist running beside the loop takes from it.
     pauses = Spread([c[2] / per_block * 1000 for c in with_ckpt])
     shares = Spread([c[2] / c[0] * 100 for c in with_ckpt])
     row(
-        "  of it, the pause at each checkpoint (the state's capture)",
+        "  of it, the pause at each checkpoint (the state's copy, its reference loss)",
         label,
         None,
         "",

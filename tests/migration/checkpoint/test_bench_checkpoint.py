@@ -48,10 +48,10 @@ def test_the_async_section_judges_its_target_by_the_interval_of_the_median(
         assert verdict.startswith("not judged")
     else:
         assert verdict in ("met", "MISSED") or verdict.startswith("not judged")
-    # Of the cost, the pause at each checkpoint: capturing the state takes time, and a part
-    # of the time with checkpoints.
+    # Of the cost, the pause at each checkpoint: copying the state and taking its reference
+    # loss take time, and a part of the time with checkpoints.
     found = re.search(
-        r"the pause at each checkpoint \(the state's capture\)\s+8 MiB state\s+"
+        r"the pause at each checkpoint \(the state's copy, its reference loss\)\s+8 MiB state\s+"
         r"(\d+\.\d\d) ms \((\d+\.\d\d)-(\d+\.\d\d)\) per checkpoint, "
         r"(\d+\.\d\d)% \((\d+\.\d\d)-(\d+\.\d\d)\) of the time",
         out.stdout,
