@@ -322,6 +322,12 @@ class LocalStore(Store):
         self._io_executor()
         return pool
 
+    def _after_fork(self) -> None:
+        super()._after_fork()
+        self._io_pool = None
+        self._dirs_lock = threading.Lock()
+        self._recycled_lock = threading.Lock()
+
     def close(self) -> None:
         """Release the worker and I/O threads (recreated if the store is used again)."""
         super().close()

@@ -53,6 +53,16 @@ _SESSION_LOCK = threading.Lock()
 _SESSIONS: list[boto3.session.Session] = []
 
 
+def _forget_session_lock() -> None:
+    """In a forked child: another thread of the parent may have held the lock at the fork."""
+    global _SESSION_LOCK
+    _SESSION_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_session_lock)
+
+
 def _session() -> boto3.session.Session:
     """One boto3 session per process: creating one loads its data files (~0.5 s); clients made
     from it are independent (creation is serialised by _SESSION_LOCK, as boto3 requires)."""
@@ -110,13 +120,23 @@ class S3Store(Store):
             response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if endpoint else {},
         )
+        self._client_args = {
+            "endpoint_url": endpoint,
+            "region_name": region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "config": config,
+        }
+        self._client  # noqa: B018 (made now: a malformed endpoint fails here, not at a save)
+
+    @functools.cached_property
+    def _client(self) -> Any:
         with _SESSION_LOCK:
-            self._client = _session().client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-                config=config,
-            )
+            return _session().client("s3", **self._client_args)
+
+    def _after_fork(self) -> None:
+        # A client's pooled connections are sockets shared with the parent: a forked child
+        # that uses the store makes a client of its own, with connections of its own.
+        super()._after_fork()
+        self.__dict__.pop("_client", None)
 
     @property
     def url(self) -> str:

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -62,6 +63,20 @@ BACKGROUND_NICE = 19
 Cancel = Callable[[], bool]
 # Waits until something started earlier is done (and raises what failed in it).
 Wait = Callable[[], None]
+
+# Every store of the process, for `_after_fork_in_child`.
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: each store forgets them, so that its
+    next save starts threads of its own instead of queueing work no thread will ever run."""
+    for store in list(_STORES):
+        store._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def lower_thread_priority() -> None:
@@ -160,6 +175,7 @@ class Store(ABC):
         self._local = threading.local()
         self._present: set[str] = set()
         self._prepare_workers = False  # set by start()
+        _STORES.add(self)
 
     # ---- primitives a backend provides ------------------------------------------------------
 
@@ -316,6 +332,13 @@ class Store(ABC):
         not started so (the portal's region stores) gives its workers nothing up front."""
         self._prepare_workers = True
         self._executor()
+
+    def _after_fork(self) -> None:
+        """In a forked child: drop the parent's pools (their threads did not come along) and
+        locks (another thread may have held one at the fork). Nothing is shut down: there is
+        nothing here to shut down."""
+        self._pools = {}
+        self._pool_lock = threading.Lock()
 
     @contextlib.contextmanager
     def background(self) -> Iterator[None]:
