@@ -21,9 +21,9 @@ maximum, so a noisy neighbour shows as spread instead of skewing one side:
   (`torch.distributed.checkpoint.save`, one process), and the raw write of the same bytes as
   one file per 16 MiB chunk, written at once (the store's layout without hashing, copying or
   manifest: what the layout alone costs on this disk), also while every core copies and
-  hashes other memory (what a save's own work beside its writes costs the disk). Every
-  contender writes a fresh file,
-  folder or store and fsyncs it; timing stops when the bytes are durable;
+  hashes other memory (what a save's own work beside its writes costs the disk), and the
+  cores the save kept busy, with the part of them in the kernel. Every contender writes a
+  fresh file, folder or store and fsyncs it; timing stops when the bytes are durable;
 - asynchronous saves: the part that blocks the caller and the time until durable, Baton's SDK
   against `torch.distributed.checkpoint.async_save`;
 - restore against torch.load, each in a fresh process reading from disk (the files' pages are
@@ -59,6 +59,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -531,15 +532,21 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         tensors = {k: torch.from_numpy(v) for k, v in state.items()}
 
     store_dir = work / "store"
-    cores_busy: list[float] = []  # the process's CPU seconds per second of each save
+    # The process's CPU seconds per second of each save, and those of them in the kernel (the
+    # writes' submission and completion, the hand-offs between the save's threads).
+    cores_busy: list[float] = []
+    cores_kernel: list[float] = []
 
     def baton() -> float:
         store = LocalStore(fresh(store_dir))
         store.start()
-        started, cpu = time.perf_counter(), time.process_time()
+        started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         store.save("bench", 1, state)
         seconds = time.perf_counter() - started
-        cores_busy.append((time.process_time() - cpu) / seconds)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        kernel = after.ru_stime - before.ru_stime
+        cores_busy.append((after.ru_utime - before.ru_utime + kernel) / seconds)
+        cores_kernel.append(kernel / seconds)
         store.close()
         return seconds
 
@@ -652,7 +659,8 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         label,
         None,
         "",
-        f"{Spread(cores_busy).summary(' cores')} of {os.cpu_count() or 1}",
+        f"{Spread(cores_busy).summary(' cores')} of {os.cpu_count() or 1}, "
+        f"{Spread(cores_kernel).summary('')} in the kernel",
     )
     for name, title in (
         ("torch.save", "torch.save + fsync"),

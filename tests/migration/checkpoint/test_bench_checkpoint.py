@@ -119,16 +119,21 @@ def test_the_sizes_section_shows_what_the_store_layout_alone_costs_on_this_disk(
     }
     for name, pattern in rows.items():
         spread_of(pattern, stdout, name)
-    # How busy the cores were during the save: the process's CPU seconds per second of it.
+    # How busy the cores were during the save: the process's CPU seconds per second of it, and
+    # those of them spent in the kernel.
     pattern = (
         rf"the same, the process's CPU time / the save's time\s+20 MiB\s+"
-        rf"{SPREAD.format(x=' cores')} of (\d+)"
+        rf"{SPREAD.format(x=' cores')} of (\d+), {SPREAD.format(x='')} in the kernel"
     )
     _, least, most = spread_of(pattern, stdout, "cores busy")
-    cores = int(re.findall(pattern, stdout)[0][3])
+    found = re.findall(pattern, stdout)[0]
+    cores = int(found[3])
     assert cores == (os.cpu_count() or 1)
     # A save hashes every byte on the CPU, and cannot use more cores than the machine has.
     assert least > 0 and most <= cores + 0.05
+    kernel_median, kernel_least, kernel_most = (float(v) for v in found[4:7])
+    # Its writes go through the kernel; that time is part of the process's, never more.
+    assert 0 <= kernel_least <= kernel_median <= kernel_most <= most
     # The rows come between the raw write they are measured against and the save.
     order = [stdout.index(s) for s in ("raw write + fsync", "chunk files at once", "Baton full")]
     assert order == sorted(order)
