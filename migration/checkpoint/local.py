@@ -216,6 +216,17 @@ def _gc_aside(path: Path) -> Path:
 # File systems measured in this process: device -> whether O_DIRECT writes are kept.
 _DIRECT_CHOICE: dict[int, bool] = {}
 _DIRECT_CHOICE_LOCK = threading.Lock()
+
+
+def _forget_direct_choice_lock() -> None:
+    """In a forked child: a thread of the parent may have held the lock, probing, at the fork."""
+    global _DIRECT_CHOICE_LOCK
+    _DIRECT_CHOICE_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_direct_choice_lock)
+
 _PROBE_BYTES = 8 * 1024 * 1024
 # Buffered writes are chosen only when every buffered probe beats the best O_DIRECT one by
 # this factor: O_DIRECT costs a fifth of the CPU (decision 005), which a persist beside a

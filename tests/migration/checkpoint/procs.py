@@ -1,7 +1,9 @@
-"""A child process whose stdout and stderr lines can be awaited while it runs."""
+"""Child processes for tests: one whose stdout and stderr lines can be awaited while it runs, and
+a fork of the test process itself."""
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import signal
@@ -9,7 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -96,3 +99,26 @@ class Proc:
 def python(*args: str) -> list[str]:
     """argv running this interpreter."""
     return [sys.executable, *args]
+
+
+def in_forked_child(run: Callable[[], None], timeout: float = 60.0) -> int:
+    """Fork, call `run` in the child and return the child's exit code: 0 when `run` returned, 1
+    when it raised (its traceback goes to stderr). A child still running after `timeout`
+    seconds is killed and reported as -9."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            run()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        time.sleep(0.05)
+    return os.waitstatus_to_exitcode(waited[1])

@@ -22,6 +22,7 @@ from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Gathered
 
 from .conftest import temporaries
+from .procs import in_forked_child
 from .test_store_contract import assert_same_state, flip_byte, medium_state
 
 
@@ -253,6 +254,21 @@ def test_a_store_where_nothing_can_be_written_still_opens_and_loads(
     assert store.direct
     assert local_module._DIRECT_CHOICE == {}  # measured again where it can be
     assert_same_state(state, store.load(ref).state)
+
+
+def test_a_child_forked_while_a_parent_thread_probes_opens_a_store_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_module, "_DIRECT_CHOICE", {})
+
+    def open_and_save() -> None:
+        state = unaligned_state(2)
+        store = LocalStore(tmp_path / "child")
+        assert_same_state(state, store.load(store.save("job-1", 1, state).ref).state)
+
+    with local_module._DIRECT_CHOICE_LOCK:  # as a parent thread measuring a file system holds it
+        code = in_forked_child(open_and_save)
+    assert code == 0, "the forked child failed or never opened its store (-9)"
 
 
 def test_huge_page_buffers_start_on_a_huge_page_and_small_ones_stay_ordinary() -> None:

@@ -6,10 +6,8 @@ import enum
 import json
 import os
 import random
-import signal
 import threading
 import time
-import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Snapshot
 
 from .conftest import new_s3_store, temporaries
+from .procs import in_forked_child
 from .s3server import S3Server
 
 CHUNK = 1024 * 1024
@@ -522,26 +521,14 @@ def test_a_forked_child_saves_with_the_store_its_parent_started(store: Store) ->
     worker) gets threads of its own, even when a thread of the parent held the store's lock at
     the fork; the parent's threads go on serving the parent."""
     store.save("job-1", 1, make_state(1))
+
+    def save_and_load() -> None:
+        result = store.save("job-1", 2, make_state(2))
+        assert_same_state(make_state(2)["model"], store.load(result.ref).state["model"])
+
     with store._pool_lock:  # as a parent thread starting the pools would hold it at the fork
-        pid = os.fork()
-        if pid == 0:  # the child reports by its exit status only
-            code = 1
-            try:
-                result = store.save("job-1", 2, make_state(2))
-                assert_same_state(make_state(2)["model"], store.load(result.ref).state["model"])
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-    deadline = time.monotonic() + 60
-    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child's save never finished")
-        time.sleep(0.05)
-    assert os.waitstatus_to_exitcode(waited[1]) == 0
+        code = in_forked_child(save_and_load)
+    assert code == 0, "the forked child's save failed or never finished (-9)"
     assert newest(store, "job-1").step == 2
     third = store.save("job-1", 3, make_state(3))
     assert_same_state(make_state(3)["model"], store.load(third.ref).state["model"])
