@@ -216,6 +216,12 @@ def _gc_aside(path: Path) -> Path:
 # File systems measured in this process: device -> whether O_DIRECT writes are kept.
 _DIRECT_CHOICE: dict[int, bool] = {}
 _DIRECT_CHOICE_LOCK = threading.Lock()
+_PROBE_BYTES = 8 * 1024 * 1024
+# Buffered writes are chosen only when every buffered probe beats the best O_DIRECT one by
+# this factor: O_DIRECT costs a fifth of the CPU (decision 005), which a persist beside a
+# training loop needs more than a small gain in speed; small probes on a busy machine spread
+# by up to 3x, and large writes favour O_DIRECT more than 8 MiB ones (decision 055).
+_BUFFERED_MARGIN = 2.0
 
 
 def _forget_direct_choice_lock() -> None:
@@ -226,13 +232,6 @@ def _forget_direct_choice_lock() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_direct_choice_lock)
-
-_PROBE_BYTES = 8 * 1024 * 1024
-# Buffered writes are chosen only when every buffered probe beats the best O_DIRECT one by
-# this factor: O_DIRECT costs a fifth of the CPU (decision 005), which a persist beside a
-# training loop needs more than a small gain in speed; small probes on a busy machine spread
-# by up to 3x, and large writes favour O_DIRECT more than 8 MiB ones (decision 055).
-_BUFFERED_MARGIN = 2.0
 
 
 def _timed_probe_write(folder: Path, data: np.ndarray, direct: bool) -> float:
