@@ -22,8 +22,10 @@ maximum, so a noisy neighbour shows as spread instead of skewing one side:
   one file per 16 MiB chunk, written at once (the store's layout without hashing, copying or
   manifest: what the layout alone costs on this disk), also while every core copies and
   hashes other memory (what a save's own work beside its writes costs the disk), and the
-  cores the save kept busy, with the part of them in the kernel. Every contender writes a
-  fresh file, folder or store and fsyncs it; timing stops when the bytes are durable;
+  cores the save kept busy, with the part of them in the kernel, and the save's time in parts
+  (the state's capture, the chunk writes, the commit that makes them durable). Every
+  contender writes a fresh file, folder or store and fsyncs it; timing stops when the bytes
+  are durable;
 - asynchronous saves: the part that blocks the caller and the time until durable, Baton's SDK
   against `torch.distributed.checkpoint.async_save`;
 - restore against torch.load, each in a fresh process reading from disk (the files' pages are
@@ -536,17 +538,27 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
     # writes' submission and completion, the hand-offs between the save's threads).
     cores_busy: list[float] = []
     cores_kernel: list[float] = []
+    # Where each save's time went, in ms: before its chunks (the state's capture), writing
+    # them, and making them durable with the manifest's commit (`SaveResult.write_seconds`).
+    parts: list[tuple[float, float, float]] = []
 
     def baton() -> float:
         store = LocalStore(fresh(store_dir))
         store.start()
         started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-        store.save("bench", 1, state)
+        result = store.save("bench", 1, state)
         seconds = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
         kernel = after.ru_stime - before.ru_stime
         cores_busy.append((after.ru_utime - before.ru_utime + kernel) / seconds)
         cores_kernel.append(kernel / seconds)
+        parts.append(
+            (
+                (seconds - result.seconds) * 1000,
+                result.write_seconds * 1000,
+                (result.seconds - result.write_seconds) * 1000,
+            )
+        )
         store.close()
         return seconds
 
@@ -661,6 +673,13 @@ def bench_size(mib: int, work: Path, repeat: int) -> None:
         "",
         f"{Spread(cores_busy).summary(' cores')} of {os.cpu_count() or 1}, "
         f"{Spread(cores_kernel).summary('')} in the kernel",
+    )
+    row(
+        "  the same, in parts: capture / chunk writes / durable and committed",
+        label,
+        None,
+        "",
+        " / ".join(Spread([p[i] for p in parts]).summary(" ms") for i in range(3)),
     )
     for name, title in (
         ("torch.save", "torch.save + fsync"),

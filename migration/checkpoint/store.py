@@ -102,6 +102,9 @@ class SaveResult:
     chunks_total: int
     chunks_new: int
     seconds: float
+    # Of `seconds`, the time until every chunk's bytes were written; the rest made the new
+    # chunks durable and committed the manifest (decision 005's barriers).
+    write_seconds: float = 0.0
 
     @property
     def key(self) -> str:
@@ -539,12 +542,16 @@ class Store(ABC):
             writer.abandon()
             raise
         seconds = time.perf_counter() - started
+        write_seconds = writer.written_at - started
         logger.debug(
-            "committed %s: %d of %d bytes new in %.3fs",
+            "committed %s: %d of %d bytes new in %.3fs (%.3fs writing, %.3fs durable and "
+            "committed)",
             ref,
             manifest.bytes_new,
             manifest.bytes_total,
             seconds,
+            write_seconds,
+            seconds - write_seconds,
         )
         return SaveResult(
             ref,
@@ -554,6 +561,7 @@ class Store(ABC):
             manifest.chunks_total,
             manifest.chunks_new,
             seconds,
+            write_seconds,
         )
 
     def _verify_chunks(self, chunks: dict[str, int]) -> None:
@@ -891,6 +899,7 @@ class _ChunkWriter:
         self.token_of: dict[str, object] = {}
         self.finishing: list[object] = []
         self.wait_finishing: Wait | None = None
+        self.written_at = 0.0  # perf_counter() when `finish` saw every chunk written
 
     def add(
         self, data: memoryview | Gathered | None, known: ChunkList | None = None
@@ -966,6 +975,7 @@ class _ChunkWriter:
         except BaseException:
             self.abort.set()
             raise
+        self.written_at = time.perf_counter()
         self.finishing, self.tokens = self.tokens, []
         self.wait_finishing = self.store._start_finishing(self.finishing)
 

@@ -134,6 +134,21 @@ def test_the_sizes_section_shows_what_the_store_layout_alone_costs_on_this_disk(
     kernel_median, kernel_least, kernel_most = (float(v) for v in found[4:7])
     # Its writes go through the kernel; that time is part of the process's, never more.
     assert 0 <= kernel_least <= kernel_median <= kernel_most <= most
+    # Where the save's time went: capture, chunk writes, durable and committed, each a spread
+    # in ms. Each part is a part of the save's time, which the full-save row prints.
+    part = SPREAD.format(x=" ms")
+    found = re.search(
+        rf"the same, in parts: capture / chunk writes / durable and committed\s+20 MiB\s+"
+        rf"{part} / {part} / {part}",
+        stdout,
+    )
+    assert found, stdout
+    values = [float(v) for v in found.groups()]
+    for median, least, most in zip(values[::3], values[1::3], values[2::3], strict=True):
+        assert 0 < least <= median <= most
+    save = re.search(r"Baton full save \(store\.save\)\s+20 MiB\s+(\d\.\d+)", stdout)
+    assert save, stdout
+    assert 0.5 < sum(values[::3]) / (float(save.group(1)) * 1000) < 1.5
     # The rows come between the raw write they are measured against and the save.
     order = [stdout.index(s) for s in ("raw write + fsync", "chunk files at once", "Baton full")]
     assert order == sorted(order)

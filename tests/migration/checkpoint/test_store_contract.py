@@ -131,6 +131,23 @@ def test_the_manifest_records_what_a_restore_and_the_portal_need(store: Store) -
     assert second.ref.key == "jobs/job-1/manifests/000000000009-emergency-r1.json"
 
 
+def test_a_save_says_how_much_of_its_time_went_to_writing_and_how_much_to_the_commit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commit = store._commit_manifest
+
+    def slow_commit(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        commit(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_commit_manifest", slow_commit)
+    result = store.save("job-1", 1, make_state())
+    # The commit's time (the new chunks made durable, the manifest written) is not counted
+    # as writing; every chunk was written before it began.
+    assert 0 < result.write_seconds <= result.seconds - 0.3
+    assert store.load_manifest(result.ref).chunks_new == result.chunks_new > 0
+
+
 def test_list_is_ascending_and_latest_is_the_newest_commit(store: Store) -> None:
     assert store.list("job-1") == []
     assert store.latest("job-1") is None
