@@ -103,7 +103,7 @@ class SaveResult:
     chunks_new: int
     seconds: float
     # Of `seconds`, the time until every chunk's bytes were written; the rest made the new
-    # chunks durable and committed the manifest (decision 005's barriers).
+    # chunks durable (read them back first, with `verify`) and committed the manifest.
     write_seconds: float = 0.0
 
     @property
