@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from .forks import renew_after_fork
+
 logger = logging.getLogger(__name__)
 
 _STOP: tuple[str, dict[str, Any]] = ("", {})
@@ -33,6 +35,14 @@ class AgentReporter:
         self.sent = 0
         self.failed = 0
         self.dropped = 0
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (decision 073): what is queued is the parent's to send; the
+        child's next report starts a thread of its own."""
+        self._queue = queue.Queue(self._queue.maxsize)
+        self._thread = None
+        self._lock = threading.Lock()
 
     def post(self, path: str, body: dict[str, Any], *, droppable: bool = False) -> None:
         """Queue a report; a droppable one is discarded rather than waited for when full."""

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptChunk, CorruptManifest, SaveCancelled, StoreConfigError, StoreError
+from .forks import renew_after_fork
 from .local import LocalStore
 from .manifest import EMERGENCY, FINAL, PERIODIC, ManifestRef, check_job
 from .report import AgentReporter
@@ -230,6 +231,20 @@ class Checkpointer:
         self._previous_handlers: dict[int, Any] = {}
         if install_signal_handlers:
             self.install_signal_handlers()
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (decision 073): the persist in flight and the room being reserved
+        are the parent's, whose threads finish them; the child waits for neither, and its next
+        save starts threads of its own. The signal handlers stay: a notice to the child reaches
+        its copy of the Checkpointer."""
+        self._idle = threading.Condition()
+        self._job = None
+        self._worker = None
+        self._reserver = None
+        stop_reserving, self._stop_reserving = self._stop_reserving, threading.Event()
+        if stop_reserving.is_set():
+            self._stop_reserving.set()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Checkpointer:

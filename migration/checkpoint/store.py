@@ -20,7 +20,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import CorruptChunk, CorruptManifest, ManifestNotFound, SaveCancelled, StoreError
+from .forks import renew_after_fork
 from .hashing import HASH_NAME, digest
 from .manifest import (
     ChunkList,
@@ -63,20 +63,6 @@ BACKGROUND_NICE = 19
 Cancel = Callable[[], bool]
 # Waits until something started earlier is done (and raises what failed in it).
 Wait = Callable[[], None]
-
-# Every store of the process, for `_after_fork_in_child`.
-_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has none of its parent's threads: each store forgets them, so that its
-    next save starts threads of its own instead of queueing work no thread will ever run."""
-    for store in list(_STORES):
-        store._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def lower_thread_priority() -> None:
@@ -178,7 +164,7 @@ class Store(ABC):
         self._local = threading.local()
         self._present: set[str] = set()
         self._prepare_workers = False  # set by start()
-        _STORES.add(self)
+        renew_after_fork(self)
 
     # ---- primitives a backend provides ------------------------------------------------------
 

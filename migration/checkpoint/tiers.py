@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SaveCancelled, StoreConfigError, StoreError
+from .forks import renew_after_fork
 from .local import LocalStore
 from .manifest import Manifest, ManifestRef, check_job
 from .store import CopyStats, SaveResult, Store
@@ -139,6 +140,18 @@ class Uploader:
         self._cancel = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (decision 073): the upload in flight and the one waiting are the
+        parent's, whose thread finishes them; the child's next commit starts a thread of its
+        own."""
+        self.lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._pending = None
+        self._in_flight = None
+        self._cancel = False
+        self._thread = None
 
     # ---- called by the committer ------------------------------------------------------------
 

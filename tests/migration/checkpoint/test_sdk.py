@@ -30,8 +30,10 @@ from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import FrozenCache, Snapshot, is_frozen
 
 from .conftest import new_s3_store
+from .procs import in_forked_child
 from .s3server import S3Server
 from .test_store_contract import flip_byte, newest
+from .test_two_tiers import GatedStore
 
 MIB = 1024 * 1024
 
@@ -425,6 +427,43 @@ def test_it_works_the_same_without_a_reachable_agent(store: LocalStore) -> None:
     assert time.monotonic() - started < 5
     assert [r.step for r in store.list("job-1")] == [1, 2, 3]
     assert ckpt.reporter.failed >= 1 and ckpt.reporter.sent == 0
+
+
+def test_a_child_forked_during_a_persist_saves_and_reports_with_threads_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A child forked while the parent's persist is in flight (a trial forked beside training)
+    neither waits for that persist nor hands work to the parent's threads: its saves commit
+    and its reports reach the agent, and the parent's persist goes on (decision 073)."""
+    store = GatedStore(tmp_path / "store", chunk_size=MIB)
+    agent = AgentStandIn()
+    ckpt = make_ckpt(store, every_steps=1, agent_url=agent.url)
+    state = {step: {"w": np.full(MIB, step, np.float32)} for step in (1, 2, 3)}
+    try:
+        store.gate.clear()
+        ckpt.maybe_save(1, state[1])
+        assert store.waiting.wait(10)
+
+        def save_in_the_child() -> None:
+            store.gate.set()  # the child's copy of the gate
+            ckpt.save(2, state[2], val_loss=0.5)
+            ckpt.maybe_save(3, state[3])
+            ckpt.close()
+
+        code = in_forked_child(save_in_the_child, timeout=30)
+        store.gate.set()
+        ckpt.close()
+    finally:
+        store.gate.set()
+        store.close()
+        agent.close()
+    assert code == 0, "the child's saves failed or never finished (-9)"
+    assert [r.step for r in store.list("job-1")] == [1, 2, 3]
+    for step in (1, 2, 3):
+        loaded = store.load(ManifestRef("job-1", step, "periodic", 0)).state["w"]
+        assert np.array_equal(loaded, state[step]["w"])
+    reported = sorted(body["step"] for path, body in agent.received if path == "/checkpoint")
+    assert reported == [1, 2, 3]
 
 
 def _unused_port() -> int:

@@ -18,6 +18,7 @@ from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.tiers import upload_after_exit
 
 from .conftest import TEST_CHUNK, new_s3_store
+from .procs import in_forked_child
 from .s3server import S3Server
 
 MIB = 1024 * 1024
@@ -189,6 +190,34 @@ def test_an_emergency_save_stops_the_upload_in_flight_and_lands_in_the_region_st
     restored = two_tiers(region, local).restore()
     assert restored is not None and restored.step == 2
     assert np.array_equal(restored.state["trained"], model(2)["trained"])
+
+
+def test_a_child_forked_during_an_upload_saves_to_the_region_without_waiting_for_it(
+    region: GatedStore, local: LocalStore
+) -> None:
+    """The upload in flight at a fork is the parent's: the child's save straight to the region
+    does not wait for it to stop, and the parent's upload goes on (decision 073)."""
+    region.gate.clear()
+    ckpt = two_tiers(region, local)
+    ckpt.maybe_save(1, model(1))
+    ckpt.wait()
+    assert region.waiting.wait(10)
+
+    def save_in_the_child() -> None:
+        region.gate.set()  # the child's copy of the gate
+        ckpt.save(2, model(2))
+        ckpt.close()
+
+    code = in_forked_child(save_in_the_child, timeout=30)
+    region.gate.set()
+    assert ckpt.uploader is not None and ckpt.uploader.drain(30)
+    ckpt.close()
+    assert code == 0, "the child's save failed or never finished (-9)"
+    assert steps(region) == [1, 2]
+    region.verify(ManifestRef(JOB, 1, "periodic"))
+    assert np.array_equal(
+        region.load(ManifestRef(JOB, 2, "periodic")).state["trained"], model(2)["trained"]
+    )
 
 
 def test_uploads_that_lag_skip_to_the_newest_commit_and_the_local_tier_stays_small(
