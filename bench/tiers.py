@@ -2,6 +2,7 @@
 cost the training loop, and how fast an emergency checkpoint reaches the region's store.
 
     .venv/bin/python bench/tiers.py [--sizes 1024] [--repeats 5] [--train-mb 32] [--every-s 0.75]
+        [--sections loop,emergency,reuse]
 
 - loop: a numpy MLP whose `--train-mb` state changes entirely at every step trains in blocks
   of four checkpoint intervals of about `--every-s` seconds, three ways taking turns (the order
@@ -20,9 +21,17 @@ cost the training loop, and how fast an emergency checkpoint reaches the region'
   same bytes to the same place in the same run (one fsynced file; 16 MiB objects put by 8
   threads on S3).
 
+- reuse: the upload of a checkpoint whose `--reuse-chunks` chunks are all in the S3 store
+  already (a frozen base saved again), by the store that committed and checked the previous one:
+  the check after its commit lists gc's trash and asks whether that earlier manifest is still
+  up, against the same save from the same store with its checked commits forgotten, which asks
+  about every reused chunk (decision 005), taking turns.
+
+    .venv/bin/python bench/tiers.py --sections reuse [--reuse-chunks 256] [--repeats 9]
+
 Every row prints min / median / max over `--repeats` and the median of its per-repetition
-ratios to the baseline measured in the same run. `rows(args, work)` returns them for
-bench/replication.py.
+ratios to the baseline measured in the same run. `rows(args, work)` returns the loop and
+emergency rows for bench/replication.py.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.loop import TrainingLoop  # noqa: E402
-from bench.table import Row, print_machine, print_table  # noqa: E402
+from bench.table import Row, print_machine, print_table, sections  # noqa: E402
 from migration.checkpoint import LocalStore, Store, open_store  # noqa: E402
 from migration.checkpoint.s3 import S3Store  # noqa: E402
 from migration.checkpoint.sdk import Checkpointer  # noqa: E402
@@ -66,6 +75,9 @@ S3_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 DEFAULTS = {"sizes": "1024", "repeats": 5, "train_mb": 32.0, "every_s": 0.75}
+SECTIONS = ("loop", "emergency", "reuse")
+# The reuse section's chunks are small: the check's cost is per chunk, whatever its size.
+REUSE_CHUNK = 256 * 1024
 
 
 def option(args: argparse.Namespace, name: str) -> Any:
@@ -308,6 +320,47 @@ def size_rows(mib: int, repeats: int, work: Path, server: Any) -> list[Row]:
     return rows
 
 
+# ---- the check after a save that reuses every chunk ---------------------------------------------
+
+
+def reuse_rows(chunks: int, repeats: int, server: Any) -> list[Row]:
+    """A store saves a state of `chunks` chunks once, then again and again unchanged: each
+    later save uploads only its manifest, then checks the chunks it reused. Taking turns, the
+    store either remembers the save before (one LIST and one HEAD) or has forgotten its
+    checked commits (a HEAD per chunk)."""
+    store = open_store(
+        f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", endpoint=server.endpoint, chunk_size=REUSE_CHUNK
+    )
+    assert isinstance(store, S3Store)
+    base = {"base": np.random.default_rng(0).random(chunks * REUSE_CHUNK // 8)}
+    store.save("reuse", 0, base)
+    remembered: list[float] = []
+    forgotten: list[float] = []
+    step = 0
+    for i in range(repeats):
+        for remember in (True, False) if i % 2 == 0 else (False, True):
+            step += 1
+            if not remember:
+                store._checked.clear()
+            started = time.perf_counter()
+            result = store.save("reuse", step, base)
+            (remembered if remember else forgotten).append(time.perf_counter() - started)
+            assert result.manifest.chunks_new == 0 and result.manifest.chunks_total == chunks
+    store.close()
+    print(
+        f"reuse: a save into S3 whose {chunks} chunks of {REUSE_CHUNK // 1024} KiB are all "
+        "there already, from the store that committed the save before"
+    )
+    return [
+        Row(
+            f"save, {chunks} chunks reused, the earlier one asked",
+            remembered,
+            ratios(remembered, forgotten),
+        ),
+        Row("  baseline: each reused chunk asked", forgotten, [1.0] * repeats),
+    ]
+
+
 def ratios(values: list[float], baseline: list[float]) -> list[float]:
     return [a / b for a, b in zip(values, baseline, strict=True)]
 
@@ -328,15 +381,26 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=DEFAULTS["repeats"])
     parser.add_argument("--train-mb", type=float, default=DEFAULTS["train_mb"])
     parser.add_argument("--every-s", type=float, default=DEFAULTS["every_s"])
+    parser.add_argument("--reuse-chunks", type=int, default=256, help="chunks of the reuse save")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
     args = parser.parse_args()
+    names = sections(parser, args.sections, SECTIONS)
     print_machine(parser, args.repeats)
     work = Path(tempfile.mkdtemp(prefix="baton-bench-tiers-"))
     try:
         with s3_server(work) as server:
-            loop = loop_rows(args, work, server)
-            emergency = emergency_rows(args, work, server)
-        print_table("two tiers: training loop", "seconds", loop, "no checkpoints")
-        print_table("two tiers: emergency checkpoint", "seconds", emergency, "a raw write")
+            tables = []
+            if "loop" in names:
+                loop = loop_rows(args, work, server)
+                tables.append(("two tiers: training loop", loop, "no checkpoints"))
+            if "emergency" in names:
+                emergency = emergency_rows(args, work, server)
+                tables.append(("two tiers: emergency checkpoint", emergency, "a raw write"))
+            if "reuse" in names:
+                reuse = reuse_rows(args.reuse_chunks, args.repeats, server)
+                tables.append(("S3: the check after a save", reuse, "each chunk asked"))
+        for title, table, baseline in tables:
+            print_table(title, "seconds", table, baseline)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

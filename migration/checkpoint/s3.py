@@ -9,6 +9,7 @@ the manifest is written last, nothing half-done is ever committed.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -47,6 +48,11 @@ _NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
 # sweep that died before it finished; the next sweep puts its chunks back.
 _TRASH = "trash/"
 _TRASH_ABANDONED_S = 3600.0
+# Each manifest is put with a random commit id in this metadata field, so that a later save can
+# tell the object it committed from one put at the same key since (`_unchecked`).
+_COMMIT_META = "baton-commit"
+# How many of its own checked commits a store remembers for the check after later saves.
+_CHECKED_KEPT = 4
 
 
 _SESSION_LOCK = threading.Lock()
@@ -126,6 +132,12 @@ class S3Store(Store):
             "config": config,
         }
         self._client  # noqa: B018 (made now: a malformed endpoint fails here, not at a save)
+        # The manifests this store committed whose chunks it found all present after the
+        # commit: key -> (commit id, chunks), newest last (`_unchecked`).
+        self._checked: collections.OrderedDict[str, tuple[str, frozenset[str]]] = (
+            collections.OrderedDict()
+        )
+        self._checked_lock = threading.Lock()
 
     @functools.cached_property
     def _client(self) -> Any:
@@ -134,9 +146,11 @@ class S3Store(Store):
 
     def _after_fork(self) -> None:
         # A client's pooled connections are sockets shared with the parent: a forked child
-        # that uses the store makes a client of its own, with connections of its own.
+        # that uses the store makes a client of its own, with connections of its own, and a
+        # lock of its own over the checked commits (a parent's thread may have held it).
         super()._after_fork()
         self.__dict__.pop("_client", None)
+        self._checked_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -166,25 +180,28 @@ class S3Store(Store):
                 time.sleep(pause)
                 delay = min(delay * 2, 5.0)
 
-    def _unless_missing(self, what: str, call: Callable[[], object]) -> bool:
-        """Run `call` (retried); False if it answered that its object does not exist."""
+    def _unless_missing(self, what: str, call: Callable[[], T]) -> T | None:
+        """Run `call` (retried); its answer, or None if it said its object does not exist."""
 
-        def attempt() -> bool:
+        def attempt() -> T | None:
             try:
-                call()
+                return call()
             except bce.ClientError as exc:
                 if _is_not_found(exc):
-                    return False
+                    return None
                 raise
-            return True
 
         return self._retry(what, attempt)
 
-    def _has_chunk(self, chunk: str) -> bool:
-        key = self._key(self.chunk_key(chunk))
+    def _head(self, key: str) -> dict[str, Any] | None:
+        """The object's HEAD answer, or None when it does not exist."""
+        full = self._key(key)
         return self._unless_missing(
-            f"head {key}", lambda: self._client.head_object(Bucket=self.bucket, Key=key)
+            f"head {full}", lambda: self._client.head_object(Bucket=self.bucket, Key=full)
         )
+
+    def _has_chunk(self, chunk: str) -> bool:
+        return self._head(self.chunk_key(chunk)) is not None
 
     def _write_chunk(self, chunk: str, data: memoryview) -> None:
         body = bytes(data)
@@ -206,9 +223,14 @@ class S3Store(Store):
         # manifest is up (a HEAD does not renew a chunk's age, as a local store's touch does).
         # gc puts back what a manifest committed during its sweep names; a manifest committed
         # after the sweep finds the delete done here, and is withdrawn (decision 005).
+        if chunks_finished is not None:
+            chunks_finished()
+        # A completed PUT is durable in S3: nothing to sync before the manifest.
+        commit = secrets.token_hex(8)
+        self._put_object(key, data, {_COMMIT_META: commit})
+        chunks = Manifest.from_json(key, data).chunks()
         new = set(new_chunks)
-        super()._commit_manifest(key, data, new, chunks_finished)
-        reused = [c for c in Manifest.from_json(key, data).chunks() if c not in new]
+        reused = self._unchecked([c for c in chunks if c not in new])
         present = self._executor().map(self._has_chunk, reused)
         missing = [chunk for chunk, there in zip(reused, present, strict=True) if not there]
         if missing:
@@ -218,6 +240,36 @@ class S3Store(Store):
                 f"{self.url}: gc removed {len(missing)} chunk(s) that {key} reuses (first "
                 f"{missing[0]}) while it was being saved; nothing was committed, save again"
             )
+        with self._checked_lock:
+            self._checked.pop(key, None)
+            self._checked[key] = (commit, frozenset(chunks))
+            while len(self._checked) > _CHECKED_KEPT:
+                self._checked.popitem(last=False)
+
+    def _unchecked(self, reused: list[str]) -> list[str]:
+        """The reused chunks of a manifest just put that still need a HEAD each: those that no
+        earlier checked commit of this store vouches for (decision 005).
+
+        Such a commit names the chunk and, after it was up, found the chunk present. If no gc
+        sweep is under way (its trash is empty) and that commit's manifest is still up after
+        this one, the chunk is present or its gc puts it back: a gc that deleted it read the
+        manifests again after the delete, while that manifest, or this one, was up. The trash
+        is listed first: listed after the HEAD, it could miss a sweep that ended in between,
+        whose second look read that manifest after it went. One LIST and one HEAD per earlier
+        manifest instead of a HEAD per chunk."""
+        with self._checked_lock:
+            earlier = list(reversed(self._checked.items()))
+        if not reused or not earlier or self._sweeping():
+            return reused
+        left = set(reused)
+        for key, (commit, chunks) in earlier:
+            vouched = left & chunks
+            if not vouched:
+                continue
+            answer = self._head(key)
+            if answer is not None and answer.get("Metadata", {}).get(_COMMIT_META) == commit:
+                left -= vouched
+        return [chunk for chunk in reused if chunk in left]
 
     def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
         key = self._key(self.chunk_key(chunk))
@@ -242,12 +294,16 @@ class S3Store(Store):
 
         return self._retry(f"download {key}", get)
 
-    def _put_object(self, key: str, data: bytes) -> None:
+    def _put_object(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
         full = self._key(key)
         self._retry(
             f"upload {full}",
             lambda: self._client.put_object(
-                Bucket=self.bucket, Key=full, Body=data, ContentType="application/json"
+                Bucket=self.bucket,
+                Key=full,
+                Body=data,
+                ContentType="application/json",
+                Metadata=metadata or {},
             ),
         )
 
@@ -306,7 +362,7 @@ class S3Store(Store):
 
     def _copy(self, source: str, target: str) -> bool:
         """Copy an object inside the bucket; False if `source` does not exist."""
-        return self._unless_missing(
+        copied = self._unless_missing(
             f"copy {source}",
             lambda: self._client.copy_object(
                 Bucket=self.bucket,
@@ -314,6 +370,17 @@ class S3Store(Store):
                 CopySource={"Bucket": self.bucket, "Key": self._key(source)},
             ),
         )
+        return copied is not None
+
+    def _sweeping(self) -> bool:
+        """Whether a gc sweep is under way, or died half-way: its trash holds chunks."""
+        page: dict[str, Any] = self._retry(
+            f"list {_TRASH}",
+            lambda: self._client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._key(_TRASH), MaxKeys=1
+            ),
+        )
+        return bool(page.get("Contents"))
 
     def _sweep_chunks(self, listed: dict[str, float], recycle_bytes: int) -> tuple[list[str], int]:
         # S3 has no rename, so a save can reuse a listed chunk until the very delete. Each

@@ -434,10 +434,10 @@ def test_an_s3_save_whose_reused_chunk_gc_removed_commits_nothing(s3_env: S3Serv
     put_object = store._put_object
     collected: list[int] = []
 
-    def gc_then_put(key: str, data: bytes) -> None:
+    def gc_then_put(key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
         if key.startswith("jobs/job-2/") and not collected:
             collected.append(store.gc("job-1", keep=1, grace_s=0).chunks_removed)
-        put_object(key, data)
+        put_object(key, data, metadata)
 
     store._put_object = gc_then_put  # type: ignore[method-assign]
     with pytest.raises(StoreError, match="gc removed 1 chunk"):
@@ -489,6 +489,135 @@ def test_s3_gc_puts_back_the_chunks_of_a_sweep_that_died(s3_env: S3Server) -> No
     store.verify(kept.ref)
     assert trash_of(store) == []
     store.close()
+
+
+def heads_of(store: S3Store) -> list[str]:
+    """The keys the store asks about with a HEAD from now on, without its prefix (a list that
+    grows as it does)."""
+    keys: list[str] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        keys.append(store._strip(params["Key"]))
+
+    store._client.meta.events.register("provide-client-params.s3.HeadObject", record)
+    return keys
+
+
+def _frozen_base_in_s3(server: S3Server) -> tuple[S3Store, dict[str, Any], SaveResult]:
+    """An S3 store where job-1 saved a state of eight chunks at step 1: (store, the state, the
+    save)."""
+    store = new_s3_store(server, chunk_size=CHUNK)
+    base = {"base": np.arange(CHUNK, dtype=np.float64)}
+    first = store.save("job-1", 1, base)
+    assert first.manifest.chunks_total == 8
+    return store, base, first
+
+
+def test_an_s3_save_asks_whether_the_save_it_reused_chunks_from_is_up_not_each_chunk(
+    s3_env: S3Server,
+) -> None:
+    # A job with a large frozen base saves the same chunks at every checkpoint. The store
+    # committed those chunks before and found them present after that commit: while that
+    # manifest is still up and no gc is sweeping, the new save's check asks for that manifest
+    # only, one HEAD instead of one per chunk (decision 005).
+    store, base, first = _frozen_base_in_s3(s3_env)
+    heads = heads_of(store)
+    second = store.save("job-1", 2, base)
+
+    assert second.manifest.chunks_new == 0
+    assert heads == [first.ref.key]
+    heads.clear()
+    third = store.save("job-1", 3, base)
+    assert heads == [second.ref.key]
+    store.verify(third.ref)
+    store.close()
+
+
+def test_an_s3_save_checks_each_reused_chunk_while_a_gc_sweeps(s3_env: S3Server) -> None:
+    # A sweep's trash holds chunks between its deletes and its second look at the manifests;
+    # while it does, a manifest being up says nothing about the chunks it names.
+    store, base, first = _frozen_base_in_s3(s3_env)
+    chunk = next(iter(first.manifest.chunks()))
+    assert store._copy(store.chunk_key(chunk), f"trash/{int(time.time()):010d}-0000beef/{chunk}")
+    heads = heads_of(store)
+    store.save("job-1", 2, base)
+
+    assert sorted(heads) == sorted(store.chunk_key(c) for c in first.manifest.chunks())
+    store.close()
+
+
+def test_an_s3_save_checks_each_reused_chunk_when_the_earlier_manifest_was_put_again(
+    s3_env: S3Server,
+) -> None:
+    # Another writer put the earlier step again under the same key: that object is not the
+    # commit this store checked, so its being up says nothing.
+    store, base, first = _frozen_base_in_s3(s3_env)
+    other = new_s3_store(s3_env, prefix=store.prefix, chunk_size=CHUNK)
+    other.save("job-1", 1, base)
+    other.close()
+    heads = heads_of(store)
+    store.save("job-1", 2, base)
+
+    assert first.ref.key in heads
+    assert sorted(k for k in heads if k != first.ref.key) == sorted(
+        store.chunk_key(c) for c in first.manifest.chunks()
+    )
+    store.close()
+
+
+def test_an_s3_save_does_not_trust_an_earlier_manifest_while_gc_reads_the_manifests_again(
+    s3_env: S3Server,
+) -> None:
+    # The interleaving the trash is listed for. gc lists the manifests, then the save M commits
+    # and finds the old chunk present; gc deletes that chunk and starts its second look, which
+    # lists M's job before the next save N commits and reads M after retention removed M. gc
+    # then puts nothing back. N reused the chunk because M named it: M being up when N checks
+    # must not pass N.
+    saver = new_s3_store(s3_env, chunk_size=CHUNK)
+    sweeper = new_s3_store(s3_env, prefix=saver.prefix, chunk_size=CHUNK)
+    state = {"own": np.full(CHUNK // 8, 1.0)}
+    retired = saver.save("job-0", 1, state)
+    [chunk] = retired.manifest.chunks()
+    saver._delete([retired.ref.key])  # nothing names the chunk now
+    saved: dict[str, SaveResult] = {}
+    refused: list[StoreError] = []
+
+    iter_chunks = sweeper._iter_chunks
+
+    def commit_m_then_list() -> Any:
+        saved["M"] = saver.save("job-1", 1, state)
+        return iter_chunks()
+
+    named_chunks = sweeper._named_chunks
+    looks: list[int] = []
+
+    def counted() -> Any:
+        looks.append(1)
+        return named_chunks()
+
+    load_manifest = sweeper.load_manifest
+
+    def commit_n_and_retire_m_then_load(ref: Any) -> Any:
+        if len(looks) == 2 and not refused and "N" not in saved:
+            try:
+                saved["N"] = saver.save("job-1", 2, state)
+            except StoreError as exc:
+                refused.append(exc)
+            saver._delete([saved["M"].ref.key])
+        return load_manifest(ref)
+
+    sweeper._iter_chunks = commit_m_then_list  # type: ignore[method-assign]
+    sweeper._named_chunks = counted  # type: ignore[method-assign]
+    sweeper.load_manifest = commit_n_and_retire_m_then_load  # type: ignore[method-assign]
+    stats = sweeper.gc("job-9", keep=1, grace_s=0)
+
+    assert stats.chunks_removed == 1
+    assert not saver._has_chunk(chunk)
+    assert "N" not in saved and len(refused) == 1
+    assert "gc removed 1 chunk" in str(refused[0])
+    assert saver.list("job-1") == []
+    saver.close()
+    sweeper.close()
 
 
 def test_gc_removes_a_listed_chunk_that_nothing_reused(tmp_path: Path) -> None:
