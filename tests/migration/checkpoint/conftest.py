@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,18 @@ def new_s3_store(server: S3Server, prefix: str | None = None, **options: object)
     store = open_store(url, endpoint=server.endpoint, **options)
     assert isinstance(store, S3Store)
     return store
+
+
+def heads_of(store: S3Store) -> list[str]:
+    """The keys the store asks about with a HEAD from now on, without its prefix (a list that
+    grows as it does)."""
+    keys: list[str] = []
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        keys.append(store._strip(params["Key"]))
+
+    store._client.meta.events.register("provide-client-params.s3.HeadObject", record)
+    return keys
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -30,7 +30,7 @@ from migration.checkpoint.s3 import S3Store
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.snapshot import Snapshot
 
-from .conftest import new_s3_store, temporaries
+from .conftest import heads_of, new_s3_store, temporaries
 from .procs import in_forked_child
 from .s3server import S3Server
 
@@ -489,18 +489,6 @@ def test_s3_gc_puts_back_the_chunks_of_a_sweep_that_died(s3_env: S3Server) -> No
     store.verify(kept.ref)
     assert trash_of(store) == []
     store.close()
-
-
-def heads_of(store: S3Store) -> list[str]:
-    """The keys the store asks about with a HEAD from now on, without its prefix (a list that
-    grows as it does)."""
-    keys: list[str] = []
-
-    def record(params: dict[str, Any], **_: Any) -> None:
-        keys.append(store._strip(params["Key"]))
-
-    store._client.meta.events.register("provide-client-params.s3.HeadObject", record)
-    return keys
 
 
 def _frozen_base_in_s3(server: S3Server) -> tuple[S3Store, dict[str, Any], SaveResult]:

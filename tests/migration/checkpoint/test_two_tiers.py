@@ -17,7 +17,7 @@ from migration.checkpoint import LocalStore, ManifestRef, SaveCancelled, Store, 
 from migration.checkpoint.sdk import Checkpointer
 from migration.checkpoint.tiers import upload_after_exit
 
-from .conftest import TEST_CHUNK, new_s3_store
+from .conftest import TEST_CHUNK, heads_of, new_s3_store
 from .procs import in_forked_child
 from .s3server import S3Server
 
@@ -152,11 +152,19 @@ def test_the_region_store_receives_only_the_chunks_it_lacks(
 ) -> None:
     region = new_s3_store(s3_env)
     ckpt = two_tiers(region, local, agent_url=reports.endpoint.url)
+    heads: list[str] = []
     for step in (1, 2):
+        if step == 2:
+            heads = heads_of(region)
         ckpt.maybe_save(step, model(step))
         ckpt.wait()
         assert ckpt.uploader is not None and ckpt.uploader.drain(60)
     ckpt.close()
+    # After step 2's upload, its check asked whether step 1's upload is still up, not about
+    # each frozen chunk (decision 005); only the new chunks were asked for, before upload.
+    one, two = (region.load_manifest(ref).chunks() for ref in region.list(JOB))
+    assert ManifestRef(JOB, 1, "periodic").key in heads
+    assert not {region.chunk_key(chunk) for chunk in one if chunk in two} & set(heads)
     first, second = reports.checkpoints()
     assert first["bytes_uploaded"] == first["bytes_total"]
     # Step 2 changed the trained tensor only: its 4 MiB, not the frozen one again.
