@@ -353,7 +353,7 @@ def reuse_rows(chunks: int, repeats: int, server: Any) -> list[Row]:
     )
     return [
         Row(
-            f"save, {chunks} chunks reused, the earlier one asked",
+            f"save reusing {chunks} chunks, one manifest asked",
             remembered,
             ratios(remembered, forgotten),
         ),
