@@ -257,14 +257,17 @@ class S3Store(Store):
         is listed first: listed after the HEAD, it could miss a sweep that ended in between,
         whose second look read that manifest after it went. One LIST and one HEAD per earlier
         manifest instead of a HEAD per chunk."""
-        with self._checked_lock:
-            earlier = list(reversed(self._checked.items()))
-        if not reused or not earlier or self._sweeping():
-            return reused
         left = set(reused)
-        for key, (commit, chunks) in earlier:
-            vouched = left & chunks
-            if not vouched:
+        with self._checked_lock:
+            earlier = [
+                (key, commit, left & chunks)
+                for key, (commit, chunks) in reversed(self._checked.items())
+                if not left.isdisjoint(chunks)
+            ]
+        if not earlier or self._sweeping():
+            return reused
+        for key, commit, vouched in earlier:
+            if left.isdisjoint(vouched):  # a newer commit vouched for them all
                 continue
             answer = self._head(key)
             if answer is not None and answer.get("Metadata", {}).get(_COMMIT_META) == commit:
