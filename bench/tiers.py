@@ -25,7 +25,9 @@ cost the training loop, and how fast an emergency checkpoint reaches the region'
   already (a frozen base saved again), by the store that committed and checked the previous one:
   the check after its commit lists gc's trash and asks whether that earlier manifest is still
   up, against the same save from the same store with its checked commits forgotten, which asks
-  about every reused chunk (decision 005), taking turns.
+  about every reused chunk (decision 005), taking turns. Then the first such save from a store
+  opened anew (as after a migration) that restored the newest checkpoint first, against one
+  that did not, which asks about every chunk before reusing it and again after its commit.
 
     .venv/bin/python bench/tiers.py --sections reuse [--reuse-chunks 256] [--repeats 9]
 
@@ -327,10 +329,10 @@ def reuse_rows(chunks: int, repeats: int, server: Any) -> list[Row]:
     """A store saves a state of `chunks` chunks once, then again and again unchanged: each
     later save uploads only its manifest, then checks the chunks it reused. Taking turns, the
     store either remembers the save before (one LIST and one HEAD) or has forgotten its
-    checked commits (a HEAD per chunk)."""
-    store = open_store(
-        f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", endpoint=server.endpoint, chunk_size=REUSE_CHUNK
-    )
+    checked commits (a HEAD per chunk). Then the first save of a store opened anew, as on the
+    instance a job moved to, after restoring the newest checkpoint or without."""
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    store = open_store(url, endpoint=server.endpoint, chunk_size=REUSE_CHUNK)
     assert isinstance(store, S3Store)
     base = {"base": np.random.default_rng(0).random(chunks * REUSE_CHUNK // 8)}
     store.save("reuse", 0, base)
@@ -347,9 +349,23 @@ def reuse_rows(chunks: int, repeats: int, server: Any) -> list[Row]:
             (remembered if remember else forgotten).append(time.perf_counter() - started)
             assert result.manifest.chunks_new == 0 and result.manifest.chunks_total == chunks
     store.close()
+    restored: list[float] = []
+    unread: list[float] = []
+    for i in range(repeats):
+        for restore in (True, False) if i % 2 == 0 else (False, True):
+            step += 1
+            moved = open_store(url, endpoint=server.endpoint, chunk_size=REUSE_CHUNK)
+            if restore:
+                moved.load(result.ref)  # the newest checkpoint
+            started = time.perf_counter()
+            result = moved.save("reuse", step, base)
+            (restored if restore else unread).append(time.perf_counter() - started)
+            assert result.manifest.chunks_new == 0
+            moved.close()
     print(
         f"reuse: a save into S3 whose {chunks} chunks of {REUSE_CHUNK // 1024} KiB are all "
-        "there already, from the store that committed the save before"
+        "there already, from the store that committed the save before, and from a store opened "
+        "anew (the restore itself not timed)"
     )
     return [
         Row(
@@ -358,6 +374,8 @@ def reuse_rows(chunks: int, repeats: int, server: Any) -> list[Row]:
             ratios(remembered, forgotten),
         ),
         Row("  baseline: each reused chunk asked", forgotten, [1.0] * repeats),
+        Row("first save after a restore, one manifest asked", restored, ratios(restored, unread)),
+        Row("  baseline: first save, nothing restored", unread, [1.0] * repeats),
     ]
 
 

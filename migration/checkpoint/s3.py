@@ -17,7 +17,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, TypeVar
 
 import boto3
@@ -132,8 +132,8 @@ class S3Store(Store):
             "config": config,
         }
         self._client  # noqa: B018 (made now: a malformed endpoint fails here, not at a save)
-        # The manifests this store committed whose chunks it found all present after the
-        # commit: key -> (commit id, chunks), newest last (`_unchecked`).
+        # The manifests this store committed, or read whole, whose chunks it found all present
+        # after they were up: key -> (commit id, chunks), newest last (`_unchecked`).
         self._checked: collections.OrderedDict[str, tuple[str, frozenset[str]]] = (
             collections.OrderedDict()
         )
@@ -240,6 +240,18 @@ class S3Store(Store):
                 f"{self.url}: gc removed {len(missing)} chunk(s) that {key} reuses (first "
                 f"{missing[0]}) while it was being saved; nothing was committed, save again"
             )
+        self._remember(key, commit, chunks)
+
+    def _read_whole(self, key: str, commit: str | None, chunks: Collection[str]) -> None:
+        # Read after their manifest was up, the chunks were present after it was: the check
+        # after a commit finds no more, so a store opened anew (after a migration, say) vouches
+        # at its first save for what it restored (decision 005).
+        super()._read_whole(key, commit, chunks)
+        if commit is not None:
+            self._remember(key, commit, chunks)
+
+    def _remember(self, key: str, commit: str, chunks: Collection[str]) -> None:
+        """Keep `key`'s commit as one whose chunks were all found present after it was up."""
         with self._checked_lock:
             self._checked.pop(key, None)
             self._checked[key] = (commit, frozenset(chunks))
@@ -277,15 +289,17 @@ class S3Store(Store):
     def _read_chunk_into(self, chunk: str, out: memoryview) -> None:
         key = self._key(self.chunk_key(chunk))
         try:
-            data = self._get(key)
+            data, _ = self._get(key)
         except ManifestNotFound:
             raise CorruptChunk(chunk, "missing") from None
         if len(data) != len(out):
             raise CorruptChunk(chunk, f"{len(data)} bytes instead of {len(out)}")
         out[:] = data
 
-    def _get(self, key: str) -> bytes:
-        def get() -> bytes:
+    def _get(self, key: str) -> tuple[bytes, dict[str, str]]:
+        """The object's bytes and its metadata."""
+
+        def get() -> tuple[bytes, dict[str, str]]:
             try:
                 response = self._client.get_object(Bucket=self.bucket, Key=key)
             except bce.ClientError as exc:
@@ -293,7 +307,7 @@ class S3Store(Store):
                     raise ManifestNotFound(f"{key} not found in {self.url}") from None
                 raise
             # Reading the body is inside the retry: a connection dropped mid-body is retried.
-            return response["Body"].read()
+            return response["Body"].read(), response.get("Metadata", {})
 
         return self._retry(f"download {key}", get)
 
@@ -311,7 +325,11 @@ class S3Store(Store):
         )
 
     def _get_object(self, key: str) -> bytes:
-        return self._get(self._key(key))
+        return self._get(self._key(key))[0]
+
+    def _get_manifest(self, key: str) -> tuple[bytes, str | None]:
+        data, metadata = self._get(self._key(key))
+        return data, metadata.get(_COMMIT_META)
 
     def _pages(self, prefix: str, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
         token: str | None = None

@@ -242,6 +242,17 @@ class Store(ABC):
     def _get_object(self, key: str) -> bytes:
         """Read a small object; raise ManifestNotFound when it does not exist."""
 
+    def _get_manifest(self, key: str) -> tuple[bytes, str | None]:
+        """A manifest's bytes, and the id of the commit that put them where the backend keeps
+        one (the S3 store)."""
+        return self._get_object(key), None
+
+    def _read_whole(self, key: str, commit: str | None, chunks: Collection[str]) -> None:
+        """Every one of `chunks` was just read, after the manifest at `key` (put by `commit`,
+        where the backend keeps one): they are known present. A backend may also count the
+        read as its check of them after that commit (the S3 store, decision 005)."""
+        self._present.update(chunks)
+
     @abstractmethod
     def _list(self, prefix: str) -> list[str]:
         """Keys of the objects directly under `prefix` (which ends in '/')."""
@@ -592,16 +603,20 @@ class Store(ABC):
 
     def load_manifest(self, ref: ManifestRef | str) -> Manifest:
         """Read and check one manifest."""
-        ref = ManifestRef.parse(ref)
-        manifest = Manifest.from_json(ref.key, self._get_object(ref.key))
+        return self._read_manifest(ManifestRef.parse(ref))[0]
+
+    def _read_manifest(self, ref: ManifestRef) -> tuple[Manifest, str | None]:
+        """One manifest, checked, and the commit that put it (`_get_manifest`)."""
+        raw, commit = self._get_manifest(ref.key)
+        manifest = Manifest.from_json(ref.key, raw)
         if manifest.ref != ref:
             raise CorruptManifest(ref.key, f"it describes {manifest.ref}")
-        return manifest
+        return manifest, commit
 
     def load(self, ref: ManifestRef | str, *, check: bool = True) -> Checkpoint:
         """Load a checkpoint: every tensor (hash-checked unless `check` is False) and the tree."""
         ref = ManifestRef.parse(ref)
-        manifest = self.load_manifest(ref)
+        manifest, commit = self._read_manifest(ref)
         if manifest.tree is None:
             raise StoreError(f"{ref} is a directory checkpoint; use restore_directory")
         futures: list[Future[None]] = []
@@ -629,6 +644,7 @@ class Store(ABC):
                 raws[name] = aligned_empty(entry["nbytes"])
                 read_into(raws[name], entry["chunks"], f"tensor {name}")
         self._run_all(futures)
+        self._read_whole(ref.key, commit, manifest.chunks().keys())
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
             if "pack" in entry:
@@ -648,7 +664,7 @@ class Store(ABC):
     def verify(self, ref: ManifestRef | str) -> VerifyStats:
         """Read back every chunk of a checkpoint; raise CorruptChunk naming the first bad one."""
         ref = ManifestRef.parse(ref)
-        manifest = self.load_manifest(ref)
+        manifest, commit = self._read_manifest(ref)
         pool = self._executor()
         futures: list[Future[None]] = []
         seen: set[str] = set()
@@ -666,6 +682,7 @@ class Store(ABC):
 
                 futures.append(pool.submit(check))
         self._run_all(futures)
+        self._read_whole(ref.key, commit, seen)
         return stats
 
     def gc(self, job: str, keep: int, *, grace_s: float = DEFAULT_GC_GRACE_S) -> GcStats:

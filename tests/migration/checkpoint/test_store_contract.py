@@ -553,6 +553,62 @@ def test_an_s3_save_checks_each_reused_chunk_when_the_earlier_manifest_was_put_a
     store.close()
 
 
+@pytest.mark.parametrize("read", ["load", "verify"])
+def test_an_s3_store_opened_anew_asks_at_its_first_save_whether_what_it_read_is_up(
+    s3_env: S3Server, read: str
+) -> None:
+    # A store opened anew, on the instance a job moved to, has committed nothing. Reading a
+    # checkpoint whole after its manifest was up finds its chunks present after that commit,
+    # as the check after a commit does: its first save that reuses them asks for that
+    # manifest, and about no chunk (decision 005).
+    store, base, first = _frozen_base_in_s3(s3_env)
+    store.close()
+    moved = new_s3_store(s3_env, prefix=store.prefix, chunk_size=CHUNK)
+    getattr(moved, read)(first.ref)
+    heads = heads_of(moved)
+    second = moved.save("job-1", 2, base)
+
+    assert second.manifest.chunks_new == 0
+    assert heads == [first.ref.key]
+    moved.close()
+
+
+def test_an_s3_store_asks_about_each_chunk_it_read_under_a_manifest_without_a_commit_id(
+    s3_env: S3Server,
+) -> None:
+    # A manifest put by an older writer carries no commit id, so its being up cannot be told
+    # from its being put again since: having read it whole vouches for no chunk at a save.
+    # The chunks are known present, so the save asks about each once, after its commit.
+    store, base, first = _frozen_base_in_s3(s3_env)
+    raw = store._get_object(first.ref.key)
+    store._client.put_object(Bucket=store.bucket, Key=store._key(first.ref.key), Body=raw)
+    store.close()
+    moved = new_s3_store(s3_env, prefix=store.prefix, chunk_size=CHUNK)
+    moved.load(first.ref)
+    heads = heads_of(moved)
+    moved.save("job-1", 2, base)
+
+    assert sorted(heads) == sorted(moved.chunk_key(c) for c in first.manifest.chunks())
+    moved.close()
+
+
+def test_an_s3_restore_that_failed_vouches_for_none_of_its_chunks(s3_env: S3Server) -> None:
+    # A chunk is gone: the restore fails, and the next save writes that chunk again instead of
+    # trusting what the restore read before it failed.
+    store, base, first = _frozen_base_in_s3(s3_env)
+    store.close()
+    moved = new_s3_store(s3_env, prefix=store.prefix, chunk_size=CHUNK)
+    gone = sorted(first.manifest.chunks())[3]
+    moved._delete([moved.chunk_key(gone)])
+    with pytest.raises(CorruptChunk):
+        moved.load(first.ref)
+    second = moved.save("job-1", 2, base)
+
+    assert second.manifest.chunks_new == 1
+    moved.verify(second.ref)
+    moved.close()
+
+
 def test_an_s3_save_does_not_trust_an_earlier_manifest_while_gc_reads_the_manifests_again(
     s3_env: S3Server,
 ) -> None:

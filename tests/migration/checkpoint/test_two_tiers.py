@@ -176,6 +176,42 @@ def test_the_region_store_receives_only_the_chunks_it_lacks(
     region.close()
 
 
+def test_after_a_move_an_emergency_save_asks_whether_the_restored_checkpoint_is_up(
+    s3_env: S3Server, local: LocalStore, tmp_path: Path
+) -> None:
+    # The job moved: the new instance opens the region's store anew and restores from it. Its
+    # emergency save straight into that store reuses the frozen chunks the restore read whole,
+    # so its check asks whether the restored checkpoint is still up, not about each frozen
+    # chunk, before or after its commit (decision 005).
+    before = new_s3_store(s3_env)
+    ckpt = two_tiers(before, local)
+    ckpt.maybe_save(1, model(1))
+    ckpt.wait()
+    assert ckpt.uploader is not None and ckpt.uploader.drain(60)
+    ckpt.close()
+    before.close()
+    region = new_s3_store(s3_env, prefix=before.prefix)
+    elsewhere = LocalStore(tmp_path / "elsewhere", chunk_size=TEST_CHUNK)
+    moved = two_tiers(region, elsewhere)
+    restored = moved.restore()
+    assert restored is not None and restored.step == 1 and not restored.from_local_tier
+    heads = heads_of(region)
+    moved.request_stop()
+    assert moved.maybe_save(2, model(2), val_loss=0.5)
+    moved.close()
+
+    one, two = (region.load_manifest(ref) for ref in region.list(JOB))
+    assert two.ref == ManifestRef(JOB, 2, "emergency")
+    assert one.ref.key in heads
+    frozen = {region.chunk_key(chunk) for chunk in one.chunks() if chunk in two.chunks()}
+    assert frozen and not frozen & set(heads)
+    again = two_tiers(region, elsewhere).restore()
+    assert again is not None and again.step == 2
+    assert np.array_equal(again.state["frozen"], model(2)["frozen"])
+    region.close()
+    elsewhere.close()
+
+
 def test_an_emergency_save_stops_the_upload_in_flight_and_lands_in_the_region_store(
     region: GatedStore, local: LocalStore, reports: Reports
 ) -> None:
