@@ -51,7 +51,7 @@ _TRASH_ABANDONED_S = 3600.0
 # Each manifest is put with a random commit id in this metadata field, so that a later save can
 # tell the object it committed from one put at the same key since (`_unchecked`).
 _COMMIT_META = "baton-commit"
-# How many of its own checked commits a store remembers for the check after later saves.
+# How many checked commits (its own, or read whole) a store remembers for later saves' checks.
 _CHECKED_KEPT = 4
 
 
@@ -243,8 +243,8 @@ class S3Store(Store):
         self._remember(key, commit, chunks)
 
     def _read_whole(self, key: str, commit: str | None, chunks: Collection[str]) -> None:
-        # Read after their manifest was up, the chunks were present after it was: the check
-        # after a commit finds no more, so a store opened anew (after a migration, say) vouches
+        # Read after their manifest was up, the chunks were present after it was, which is all
+        # the check after a commit shows: a store opened anew (after a migration, say) vouches
         # at its first save for what it restored (decision 005).
         super()._read_whole(key, commit, chunks)
         if commit is not None:
